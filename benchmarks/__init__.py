@@ -1,0 +1,1 @@
+"""Benchmark workloads and harness. Results land in BENCHMARKS.md (see report.py)."""

@@ -1,0 +1,42 @@
+"""Writes one benchmark's results into its own section of BENCHMARKS.md.
+
+Each benchmark owns a section delimited by HTML comments, so benchmarks can be rerun one at a time
+without clobbering the others:
+
+    <!-- begin:host_overhead -->
+    ...markdown written by the benchmark...
+    <!-- end:host_overhead -->
+"""
+
+import datetime
+import os
+import pathlib
+import platform
+import re
+
+BENCHMARKS_MD = pathlib.Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+def machine_description() -> str:
+    """One line naming the machine the numbers come from."""
+    import jax
+
+    cpus = os.cpu_count()
+    devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    return (f"{platform.machine()} {platform.system()}, {cpus} CPU cores, JAX {jax.__version__} "
+            f"on {jax.default_backend()} ({devices}), Python {platform.python_version()}")
+
+
+def write_section(name: str, markdown: str, *, command: str, path: pathlib.Path = BENCHMARKS_MD):
+    """Replaces (or appends) the section `name` with `markdown`, headed by command and date."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = (f"<!-- begin:{name} -->\n{markdown.rstrip()}\n\n"
+            f"Command: `{command}` — {stamp}, {machine_description()}.\n<!-- end:{name} -->")
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"<!-- begin:{re.escape(name)} -->.*?<!-- end:{re.escape(name)} -->",
+                         re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: body, text)
+    else:
+        text = text.rstrip() + "\n\n" + body + "\n"
+    path.write_text(text)

@@ -1,0 +1,1 @@
+"""jaxspec: model-free speculative decoding for JAX."""

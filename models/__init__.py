@@ -1,0 +1,1 @@
+"""Flax NNX causal language models, loaders and tokenizers (installed as ``jaxspec.models``)."""

@@ -1,0 +1,1 @@
+"""Pallas kernels, each beside its XLA reference (installed as ``jaxspec.pallas_kernels``)."""
