@@ -1,0 +1,124 @@
+"""Paged KV cache: fixed-size pages shared by all sequences, addressed through a page table.
+
+Vocabulary:
+  page        `page_size` consecutive token slots of every layer's K and V.
+  page table  per batch row, the pages holding that sequence, in order: token position `p` lives in
+              page `page_table[b, p // page_size]` at offset `p % page_size`.
+  length      tokens of the sequence already in the cache (`lengths[b]`); the next forward writes
+              its first new token at position `lengths[b]`.
+  NULL_PAGE   page 0 is never handed out. Unallocated page-table entries point at it, and writes of
+              padding tokens go to it, so a padded batch row or padded position can never touch a
+              page that belongs to another sequence. Its contents are garbage and always masked.
+
+The page allocator lives on the host (`jaxspec.host.kv_pages`); this module is pure functions.
+
+One forward writes T new tokens per row at positions `lengths[b] .. lengths[b] + T - 1` (T = 1 for
+plain decode, 1 + K when verifying K drafts). Attention reads cached keys below `lengths[b]` plus
+the new keys causally, so stale slots past the length are never seen. Rollback is therefore only a
+length reset, done on the host:
+
+    page_size = 4, K = 3, page_table[b] = [7, 3, 5, 0]          (0 = NULL_PAGE)
+
+    before:  page 7 [p0 p1 p2 p3]  page 3 [p4 .  .  . ]  length = 5; last token t not yet cached
+             (the host allocated pages for length + 1 + K = 9 slots before the step: page 5)
+    verify:  feed [t d0 d1 d2] -> positions 5..8:  page 3 [p4 t  d0 d1]  page 5 [d2 .  .  . ]
+    accept:  d0 accepted, d1 rejected; the bonus token x comes from the logits at d0
+    after:   length = 5 + 1 + 1 = 7 (t and d0 committed), next input x; slots 7..8 (d1 d2) are
+             stale but masked, and the next forward overwrites them. Pages wholly past the
+             length (page 5 here) return to the allocator when the sequence no longer reserves
+             them (the scheduler keeps 1 + K slots reserved while it generates).
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+NULL_PAGE = 0
+
+
+@flax.struct.dataclass
+class KVPages:
+    """The K and V pages of every layer.
+
+    Attributes:
+      k: f32[num_layers, num_pages, page_size, num_kv_heads, head_dim]
+      v: f32[num_layers, num_pages, page_size, num_kv_heads, head_dim]
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[2]
+
+
+@flax.struct.dataclass
+class CacheView:
+    """Which cache slots each batch row reads and writes in one forward.
+
+    The number of page-table columns is static: attention reads `P * page_size` cached slots per
+    row, so the host slices the table to the smallest bucket covering the longest row.
+
+    Attributes:
+      page_table: i32[B, P] pages of each row's sequence; NULL_PAGE where unallocated.
+      lengths: i32[B] tokens already cached per row (position of the first new token).
+      num_new: i32[B] valid new tokens per row, <= T; the rest are padding and are never written.
+        A padding row has num_new = 0.
+    """
+
+    page_table: jax.Array
+    lengths: jax.Array
+    num_new: jax.Array
+
+
+def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+               head_dim: int, dtype=jnp.float32) -> KVPages:
+    """Zeroed pages. `num_pages` includes the NULL page."""
+    shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+    return KVPages(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+def gather_layer(pages: jax.Array, page_table: jax.Array) -> jax.Array:
+    """One layer's cached slots of every row, in position order.
+
+    Args:
+      pages: f32[num_pages, page_size, H, D] one layer of K or V.
+      page_table: i32[B, P].
+
+    Returns:
+      f32[B, P * page_size, H, D]; slot s of row b holds position s (valid for s < lengths[b]).
+    """
+    b, p = page_table.shape
+    _, page_size, h, d = pages.shape
+    return pages[page_table].reshape(b, p * page_size, h, d)
+
+
+def write_slots(view: CacheView, num_tokens: int, page_size: int) -> tuple[jax.Array, jax.Array]:
+    """Where each of the T new tokens of each row is written: (page i32[B, T], offset i32[B, T]).
+
+    Padding tokens (t >= num_new[b]) and positions past the page table go to NULL_PAGE.
+    """
+    t = jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
+    pos = view.lengths[:, None] + t                                          # [B, T]
+    col = pos // page_size
+    max_cols = view.page_table.shape[1]
+    page = jnp.take_along_axis(view.page_table, jnp.minimum(col, max_cols - 1), axis=1)
+    valid = (t < view.num_new[:, None]) & (col < max_cols)
+    return jnp.where(valid, page, NULL_PAGE), pos % page_size
+
+
+def write(kv: KVPages, new_k: jax.Array, new_v: jax.Array, view: CacheView) -> KVPages:
+    """Writes every layer's new K/V at each row's current length (one scatter per tensor).
+
+    Args:
+      kv: the pages.
+      new_k, new_v: f32[num_layers, B, T, H, D] keys/values of the T new tokens.
+      view: rows' page tables, lengths and valid counts.
+    """
+    page, offset = write_slots(view, new_k.shape[2], kv.page_size)
+    return KVPages(k=kv.k.at[:, page, offset].set(new_k), v=kv.v.at[:, page, offset].set(new_v))

@@ -1,0 +1,43 @@
+"""The protocol a causal LM implements to be driven by jaxspec.
+
+The engine depends on this protocol only (`device/` never imports `models/`). A model is a Flax NNX
+module; the engine splits it with `nnx.split` outside `jax.jit` and merges it inside, so weights are
+traced arguments rather than constants baked into the HLO.
+"""
+
+import dataclasses
+from typing import Protocol
+
+import jax
+
+from jaxspec.device import kv_cache
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheSpec:
+    """What the engine needs to size a paged KV cache for a model."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class CausalLM(Protocol):
+    """A decoder-only LM that reads and writes a paged KV cache.
+
+    `__call__` runs T new tokens per row at positions `view.lengths[b] + t` and returns hidden
+    states; `logits` maps hidden states to vocabulary logits. They are separate so a caller can
+    compute logits only where it needs them (the last prompt position in prefill).
+    """
+
+    vocab_size: int
+    cache_spec: CacheSpec
+
+    def __call__(self, tokens: jax.Array, kv: kv_cache.KVPages, view: kv_cache.CacheView
+                 ) -> tuple[jax.Array, kv_cache.KVPages]:
+        """tokens i32[B, T] -> (hidden f32[B, T, D], kv with the valid new tokens written)."""
+        ...
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """f32[..., D] -> f32[..., vocab_size]."""
+        ...
