@@ -1,0 +1,39 @@
+"""Document QA and summarization over the Python Language Reference (`pydoc_data.topics`).
+
+Each topic is one section of the reference (the text `help("assert")` shows), which the stdlib
+ships with every interpreter. The workload asks, alternately, for a summary and for an answer that
+quotes the document: the retrieval-augmented pattern where the reply repeats spans of the context.
+Topics between MIN_WORDS and MAX_WORDS words are used, the ones closest to TARGET_WORDS first, so a
+small `n` gets mid-sized documents.
+"""
+
+from pydoc_data import topics as pydoc_topics
+
+from benchmarks.workloads.base import Conversation, check_count
+
+MIN_WORDS = 150  # shorter topics are a grammar rule and a sentence: little to summarize
+MAX_WORDS = 1500  # keeps the prompt near 2k tokens, a CPU-friendly prefill
+TARGET_WORDS = 600
+
+
+def _request(kind: str, title: str) -> str:
+    if kind == "summary":
+        return "Summarize this section of the Python Language Reference in one paragraph."
+    subject = "the" + title[3:] if title.startswith("The ") else title
+    return (f"Using only this section of the Python Language Reference, explain what it says "
+            f"about {subject}. Quote the sentences you rely on.")
+
+
+def document_qa(n: int | None = None) -> list[Conversation]:
+    """Summarize-or-answer prompts over reference topics (see the module docstring)."""
+    n = check_count(n)
+    by_size = sorted((abs(len(text.split()) - TARGET_WORDS), key)
+                     for key, text in pydoc_topics.topics.items()
+                     if MIN_WORDS <= len(text.split()) <= MAX_WORDS)
+    conversations = []
+    for i, (_, key) in enumerate(by_size[:n]):
+        document = pydoc_topics.topics[key].strip()
+        kind = ("summary", "question")[i % 2]
+        prompt = f"{_request(kind, document.splitlines()[0])}\n\n{document}"
+        conversations.append(Conversation(turns=(prompt,), name=f"document_qa/{key}:{kind}"))
+    return conversations
