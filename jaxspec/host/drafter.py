@@ -1,0 +1,169 @@
+"""The host drafter interface: who drafts, how far, and whether to speculate at all this step.
+
+A *drafter* proposes up to K tokens per request from the text already seen; the target model then
+verifies them in one forward over ``1+K`` positions. The executor drives a drafter every iteration:
+
+1. ``K = drafter.draft_len_for_batch_size(batch_size)`` and ``drafter.update_draft_len(K)``;
+2. ``drafter.should_use_spec_decode(...)`` decides whether this iteration speculates at all;
+3. ``drafts = drafter.prepare_draft_tokens(requests)`` gives one list of 0..K tokens per request;
+4. ``tokens, lengths = pad_drafts(drafts, K_bucket)`` pads them to the static K of the compiled
+   bucket; `lengths` keeps the real draft lengths, because padding is never verified as a draft and
+   never counts as drafted;
+5. ``drafter.release(request_id)`` when a request finishes or is cancelled.
+
+A user-defined drafter subclasses `Drafter` and implements `prepare_draft_tokens`. This one drafts
+the last token repeated, which pays off inside runs of spaces, dashes or padding::
+
+    class RepeatLastDrafter(Drafter):
+        def prepare_draft_tokens(self, requests):
+            drafts = []
+            for request in requests:
+                room = request.max_sequence_length - 1 - len(request.tokens)
+                length = max(0, min(self.draft_len, room))
+                drafts.append([request.tokens[-1]] * length if request.tokens else [])
+            return drafts
+
+    drafter = RepeatLastDrafter(max_draft_len=4, max_concurrency=8)
+
+``room`` keeps the drafts inside the request's token budget: a request that may still generate g
+tokens can verify at most g-1 drafts plus the bonus token.
+"""
+
+import abc
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from jaxspec import schedule as schedule_lib
+
+
+class DraftRequest(Protocol):
+    """What a drafter sees of a request.
+
+    Attributes:
+      request_id: unique among live requests; a drafter keys its per-request state by it.
+      tokens: the prompt followed by every token generated so far; it only grows.
+      max_sequence_length: prompt length plus the request's max_new_tokens.
+    """
+
+    request_id: Hashable
+    tokens: Sequence[int]
+    max_sequence_length: int
+
+
+class Drafter(abc.ABC):
+    """Base class of host drafters: draft-length schedule, batch gate, request lifecycle.
+
+    Args:
+      max_draft_len: the largest K this drafter is asked for, >= 1.
+      max_concurrency: speculate only while at most this many requests run; stored as the schedule
+        ``((max_concurrency, max_draft_len),)``.
+      draft_len_schedule: K per batch size (see `jaxspec.schedule`); exclusive with
+        `max_concurrency`.
+
+    Raises:
+      ValueError: an invalid length, limit or schedule, or both `max_concurrency` and a schedule.
+    """
+
+    def __init__(
+        self,
+        max_draft_len: int,
+        max_concurrency: int | None = None,
+        draft_len_schedule: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+    ):
+        self.max_draft_len = schedule_lib.check_int("max_draft_len", max_draft_len, minimum=1)
+        self.draft_len_schedule = schedule_lib.normalize_schedule(
+            draft_len_schedule, self.max_draft_len, max_concurrency)
+        self.max_concurrency = (None if max_concurrency is None
+                                else schedule_lib.check_int("max_concurrency", max_concurrency))
+        self.draft_len = self.max_draft_len
+
+    @abc.abstractmethod
+    def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
+        """Drafts for every request, in order: each a list of at most `draft_len` tokens.
+
+        A draft may be shorter than `draft_len`, or empty, when nothing good is known.
+        """
+
+    def update_draft_len(self, draft_len: int) -> None:
+        """Sets the runtime K, called by the executor every iteration with the scheduled K.
+
+        Raises:
+          ValueError: `draft_len` outside ``[0, max_draft_len]``.
+        """
+        self.draft_len = schedule_lib.check_int("draft_len", draft_len, minimum=0,
+                                                maximum=self.max_draft_len)
+
+    def draft_len_for_batch_size(self, batch_size: int) -> int:
+        """K for a batch of `batch_size` requests under this drafter's schedule."""
+        return schedule_lib.draft_len_for_batch_size(
+            self.draft_len_schedule, batch_size, self.max_draft_len)
+
+    def should_use_spec_decode(
+        self,
+        num_requests: int,
+        max_batch_size: int,
+        max_num_tokens: int,
+        max_total_draft_tokens: int,
+    ) -> bool:
+        """Whether the batch has the capacity and the concurrency to speculate.
+
+        The effective batch is ``min(num_requests, max_batch_size, max_num_tokens // (1 + K))``:
+        each speculating request needs ``1+K`` tokens of the step's budget. Speculation goes ahead
+        when the schedule gives a non-zero K at the effective batch size, so with
+        ``max_concurrency=C`` exactly when ``effective <= C`` (inclusive, as in TensorRT-LLM).
+        Without a schedule or concurrency limit the answer is True whenever there is capacity;
+        unlike TensorRT-LLM it is False with no requests or no capacity even then, since there is
+        nothing to speculate on.
+
+        Args:
+          num_requests: requests that would take part in this step.
+          max_batch_size: the engine's batch capacity.
+          max_num_tokens: the step's token budget.
+          max_total_draft_tokens: K, the draft tokens per request this step.
+
+        Raises:
+          ValueError: negative `max_total_draft_tokens`.
+        """
+        draft_len = schedule_lib.check_int("max_total_draft_tokens", max_total_draft_tokens,
+                                           minimum=0)
+        if num_requests <= 0 or max_batch_size <= 0 or max_num_tokens <= 0:
+            return False
+        token_cap = max_num_tokens // (1 + draft_len)
+        if token_cap <= 0:
+            return False
+        if self.draft_len_schedule is None:
+            return True
+        effective = min(num_requests, max_batch_size, token_cap)
+        return self.draft_len_for_batch_size(effective) > 0
+
+    def release(self, request_id: Hashable) -> None:
+        """Forgets a finished or cancelled request; drafters without per-request state keep this."""
+
+
+def pad_drafts(drafts: Sequence[Sequence[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pads (or truncates) drafts to the static K of a compiled bucket.
+
+    Example: ``pad_drafts([[7, 8], [], [1, 2, 3, 4]], 3)`` gives tokens
+    ``[[7, 8, 0], [0, 0, 0], [1, 2, 3]]`` and lengths ``[2, 0, 3]``.
+
+    Args:
+      drafts: one list of draft tokens per row.
+      k: the static draft length, >= 0.
+
+    Returns:
+      ``(tokens, lengths)``: tokens int32[B, k] padded with token 0, and lengths int32[B], the real
+      draft length of each row after truncation to `k`.
+
+    Raises:
+      ValueError: negative `k`.
+    """
+    k = schedule_lib.check_int("k", k, minimum=0)
+    tokens = np.zeros((len(drafts), k), np.int32)
+    lengths = np.zeros((len(drafts),), np.int32)
+    for row, draft in enumerate(drafts):
+        length = min(len(draft), k)
+        tokens[row, :length] = draft[:length]
+        lengths[row] = length
+    return tokens, lengths
