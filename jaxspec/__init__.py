@@ -1,1 +1,11 @@
 """jaxspec: model-free speculative decoding for JAX."""
+from jaxspec.config import AutoConfig as AutoConfig
+from jaxspec.config import NGramConfig as NGramConfig
+from jaxspec.config import SAConfig as SAConfig
+from jaxspec.config import SAEnhancerConfig as SAEnhancerConfig
+from jaxspec.config import suggest_spec_config as suggest_spec_config
+from jaxspec.host.drafter import Drafter as Drafter
+from jaxspec.host.gate import SpeculationGate as SpeculationGate
+from jaxspec.host.ngram import NGramDrafter as NGramDrafter
+from jaxspec.host.ngram import NGramPool as NGramPool
+from jaxspec.schedule import draft_len_for_batch_size as draft_len_for_batch_size

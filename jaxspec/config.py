@@ -1,0 +1,185 @@
+"""Speculation configs: which drafter, how far it drafts, when it stops.
+
+Every config is a frozen, keyword-only, hashable dataclass validated at construction, so a config can
+be a static jit argument and a bad value fails before anything is traced. Errors are `ValueError`s
+naming the field and the value.
+
+Fields shared by the drafter configs (TensorRT-LLM's ``DecodingBaseConfig``):
+
+* ``max_draft_len``: the largest K, the number of draft tokens verified per step.
+* ``draft_len_schedule``: K per batch size (see `jaxspec.schedule`), stored as a sorted tuple of
+  ``(batch_size, draft_len)`` pairs. ``max_concurrency=C`` is stored as the schedule
+  ``((C, max_draft_len),)``: speculate with full K up to C requests, not at all above.
+* ``acceptance_rate_window_size`` / ``acceptance_rate_threshold``: the `SpeculationGate` turns
+  speculation off for good once the mean batch acceptance rate over the last ``window`` iterations
+  drops below ``threshold``. Either left unset (or a window of 0) means no gate.
+"""
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from jaxspec.schedule import Schedule, check_int, normalize_schedule
+
+ScheduleLike = Mapping[int, int] | Iterable[tuple[int, int]] | None
+
+
+def _check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
+    if window is not None:
+        window = check_int("acceptance_rate_window_size", window, minimum=0)
+    if threshold is not None:
+        if isinstance(threshold, bool):
+            raise ValueError(f"acceptance_rate_threshold must be a number, got {threshold!r}")
+        try:
+            threshold = float(threshold)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"acceptance_rate_threshold must be a number, got {threshold!r}") from None
+        if not 0.0 <= threshold <= 1.0:  # also refuses NaN
+            raise ValueError(f"acceptance_rate_threshold must be in [0, 1], got {threshold}")
+    return window, threshold
+
+
+def _set(config, name: str, value):
+    """Stores a normalised field value on a frozen dataclass, from `__post_init__` only."""
+    object.__setattr__(config, name, value)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+class _DrafterFields:
+    """Validation shared by the drafter configs; subclasses are the dataclasses."""
+
+    max_draft_len: int
+    max_concurrency: int | None
+    draft_len_schedule: Schedule | None
+    acceptance_rate_window_size: int | None
+    acceptance_rate_threshold: float | None
+
+    def _validate_drafter_fields(self):
+        _set(self, "max_draft_len", check_int("max_draft_len", self.max_draft_len, minimum=1))
+        _set(self, "draft_len_schedule", normalize_schedule(
+            self.draft_len_schedule, self.max_draft_len, self.max_concurrency))
+        if self.max_concurrency is not None:
+            _set(self, "max_concurrency",
+                 check_int("max_concurrency", self.max_concurrency, minimum=1))
+        window, threshold = _check_gate_fields(self.acceptance_rate_window_size,
+                                               self.acceptance_rate_threshold)
+        _set(self, "acceptance_rate_window_size", window)
+        _set(self, "acceptance_rate_threshold", threshold)
+
+    @property
+    def gate_enabled(self) -> bool:
+        """Whether a `SpeculationGate` watches acceptance (a non-zero window and a threshold)."""
+        return bool(self.acceptance_rate_window_size) and self.acceptance_rate_threshold is not None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NGramConfig(_DrafterFields):
+    """The host n-gram pool drafter (TensorRT-LLM ``NGramDecodingConfig``).
+
+    Attributes:
+      max_matching_ngram_size: longest pattern N looked up; patterns of N..1 tokens are tried.
+      is_keep_all: keep every continuation seen for a pattern, or only the longest one.
+      is_use_oldest: draft the oldest stored continuation, or the newest.
+      is_public_pool: one pool shared by all requests, or one private pool per request.
+    """
+
+    max_draft_len: int
+    max_matching_ngram_size: int = 2  # TensorRT-LLM's default; 3 wins on code (see AUTO)
+    is_keep_all: bool = True  # more candidates; the oldest is usually the best
+    is_use_oldest: bool = True  # the newest is often a truncated match from the window's end
+    is_public_pool: bool = True  # shares system prompts and few-shot text across requests
+    max_concurrency: int | None = None  # no limit
+    draft_len_schedule: ScheduleLike = None  # always max_draft_len
+    acceptance_rate_window_size: int | None = None  # no gate
+    acceptance_rate_threshold: float | None = None  # no gate
+
+    def __post_init__(self):
+        self._validate_drafter_fields()
+        _set(self, "max_matching_ngram_size", check_int(
+            "max_matching_ngram_size", self.max_matching_ngram_size, minimum=1))
+        for name in ("is_keep_all", "is_use_oldest", "is_public_pool"):
+            _check_bool(name, getattr(self, name))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SAConfig(_DrafterFields):
+    """The on-device suffix automaton drafter (TensorRT-LLM ``SADecodingConfig``).
+
+    Attributes:
+      max_matching_ngram_size: -1 drafts after the longest earlier-occurring suffix; M >= 1 tries
+        suffixes of M..1 tokens.
+      enable_global_pool: also search the automata of other (and recently finished) requests.
+      global_pool_size: automaton slots, active plus retained; None sizes it from the batch.
+    """
+
+    max_draft_len: int
+    max_matching_ngram_size: int = -1  # longest match: no length to tune
+    enable_global_pool: bool = False  # cross-request search costs a pass over every slot
+    global_pool_size: int | None = None  # derived from max_batch_size by the slot manager
+    max_concurrency: int | None = None  # no limit
+    draft_len_schedule: ScheduleLike = None  # always max_draft_len
+    acceptance_rate_window_size: int | None = None  # no gate
+    acceptance_rate_threshold: float | None = None  # no gate
+
+    def __post_init__(self):
+        self._validate_drafter_fields()
+        ngram = check_int("max_matching_ngram_size", self.max_matching_ngram_size, minimum=-1)
+        if ngram == 0:
+            raise ValueError("max_matching_ngram_size must be -1 (longest match) or >= 1, got 0")
+        _set(self, "max_matching_ngram_size", ngram)
+        _check_bool("enable_global_pool", self.enable_global_pool)
+        if self.global_pool_size is not None:
+            _set(self, "global_pool_size", check_int(
+                "global_pool_size", self.global_pool_size, minimum=1))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SAEnhancerConfig:
+    """A suffix automaton overriding another drafter's drafts where it matched well.
+
+    Attributes:
+      threshold: a row's drafts are replaced by the automaton's when its match length is >= this.
+      enable_global_pool: also search the automata of other requests.
+    """
+
+    threshold: int = 4  # TensorRT-LLM's default: shorter matches lose to a neural drafter
+    enable_global_pool: bool = False  # cross-request search costs a pass over every slot
+
+    def __post_init__(self):
+        _set(self, "threshold", check_int("threshold", self.threshold, minimum=1))
+        _check_bool("enable_global_pool", self.enable_global_pool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutoConfig:
+    """Let jaxspec pick a model-free drafter from the batch size (see `suggest_spec_config`)."""
+
+    def resolve(self, max_batch_size: int) -> SAConfig:
+        """The config AUTO stands for at `max_batch_size`."""
+        return suggest_spec_config(max_batch_size)
+
+
+def suggest_spec_config(max_batch_size: int) -> SAConfig:
+    """AUTO's choice: the suffix automaton, drafting far at small batches and briefly at large ones.
+
+    TensorRT-LLM's heuristic picks its n-gram pool with the same numbers; jaxspec's automaton drafts
+    the same continuations on the device, with no host pass per step. Speculation stops above 32
+    concurrent requests, where verifying extra positions is no longer free.
+
+    Raises:
+      ValueError: `max_batch_size` < 1.
+    """
+    max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
+    small = max_batch_size <= 4
+    return SAConfig(
+        max_draft_len=5 if small else 3,
+        max_matching_ngram_size=3 if small else 5,
+        max_concurrency=32,
+        enable_global_pool=True,
+    )
+
