@@ -1,8 +1,8 @@
 """Speculation configs: which drafter, how far it drafts, when it stops.
 
-Every config is a frozen, keyword-only, hashable dataclass validated at construction, so a config can
-be a static jit argument and a bad value fails before anything is traced. Errors are `ValueError`s
-naming the field and the value.
+Every config is a frozen, keyword-only, hashable dataclass validated at construction, so a config
+can be a static jit argument and a bad value fails before anything is traced. Errors are
+`ValueError`s naming the field and the value.
 
 Fields shared by the drafter configs (TensorRT-LLM's ``DecodingBaseConfig``):
 

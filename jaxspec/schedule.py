@@ -1,10 +1,11 @@
 """Draft-length schedule and compile buckets.
 
-A *draft-length schedule* maps batch sizes to the draft length K used at that batch size. Each key is
-the largest batch size that uses its value (TensorRT-LLM's one-model ``bisect_left`` semantics, the
-only one jaxspec has): ``{4: 4, 8: 2, 32: 1}`` gives K=4 for 1..4 requests, 2 for 5..8, 1 for 9..32
-and 0 (no speculation) above 32. Speculation pays off when the verify forward is memory-bound; as
-the batch grows it becomes compute-bound and extra positions cost real time, hence smaller K.
+A *draft-length schedule* maps batch sizes to the draft length K used at that batch size. Each key
+is the largest batch size that uses its value (TensorRT-LLM's one-model ``bisect_left`` semantics,
+the only one jaxspec has): ``{4: 4, 8: 2, 32: 1}`` gives K=4 for 1..4 requests, 2 for 5..8, 1 for
+9..32 and 0 (no speculation) above 32. Speculation pays off when the verify forward is
+memory-bound; as the batch grows it becomes compute-bound and extra positions cost real time, hence
+smaller K.
 
 A schedule is stored normalised, as a sorted tuple of ``(batch_size, draft_len)`` pairs, so configs
 holding one stay hashable (they are static jit arguments). ``max_concurrency=C`` is the one-entry
@@ -54,8 +55,8 @@ def normalize_schedule(
       max_concurrency: translated into ``((max_concurrency, max_draft_len),)``.
 
     Returns:
-      The schedule as a tuple of ``(batch_size, draft_len)`` pairs sorted by batch size, or None when
-      neither a schedule nor a concurrency limit is given (always use ``max_draft_len``).
+      The schedule as a tuple of ``(batch_size, draft_len)`` pairs sorted by batch size, or None
+      when neither a schedule nor a concurrency limit is given (always use ``max_draft_len``).
 
     Raises:
       ValueError: a key below 1, a value outside ``[0, max_draft_len]``, a smallest key not mapping
@@ -118,7 +119,7 @@ def draft_len_for_batch_size(
         drafts at least this much); not applied without a schedule, where K is ``max_draft_len``.
 
     Returns:
-      K, an int in ``[min_draft_len, max_draft_len]`` (or exactly ``max_draft_len`` with no schedule).
+      K, an int in ``[min_draft_len, max_draft_len]``; exactly ``max_draft_len`` with no schedule.
 
     Raises:
       ValueError: invalid schedule, negative `batch_size`, or `min_draft_len` outside
@@ -143,8 +144,8 @@ def batch_buckets(
     """The padded batch sizes the step function is compiled for.
 
     Powers of two up to `max_batch_size`, `max_batch_size` itself, and every schedule key up to
-    `max_batch_size`, so K is constant inside each bucket. Example: ``batch_buckets(12, {3: 4, 8: 2})``
-    is ``(1, 2, 3, 4, 8, 12)``.
+    `max_batch_size`, so K is constant inside each bucket. Example:
+    ``batch_buckets(12, {3: 4, 8: 2})`` is ``(1, 2, 3, 4, 8, 12)``.
 
     Raises:
       ValueError: `max_batch_size` < 1 or a schedule key below 1.

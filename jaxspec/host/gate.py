@@ -40,7 +40,7 @@ class SpeculationGate:
                                    or window < 0):
             raise ValueError(f"window must be None or an int >= 0, got {window!r}")
         if threshold is not None and (isinstance(threshold, bool)
-                                      or not isinstance(threshold, (int, float))
+                                      or not isinstance(threshold, int | float)
                                       or not 0.0 <= threshold <= 1.0):
             raise ValueError(f"threshold must be None or a number in [0, 1], got {threshold!r}")
         self.window = window
@@ -108,8 +108,8 @@ def pooled_acceptance_rate(pairs: Iterable[tuple[int, int]]) -> float | None:
     nothing drafted is skipped, not counted as a zero.
 
     Args:
-      pairs: ``(accepted, drafted)`` per request, with ``0 <= accepted <= drafted``; `drafted` is the
-        real draft length, never the padded one.
+      pairs: ``(accepted, drafted)`` per request, with ``0 <= accepted <= drafted``; `drafted`
+        is the real draft length, never the padded one.
 
     Returns:
       ``sum(accepted) / sum(drafted)`` over the requests with ``drafted > 0``, or None when no

@@ -38,7 +38,7 @@ import collections
 from collections.abc import Hashable, Sequence
 
 from jaxspec.config import NGramConfig
-from jaxspec.host.drafter import DraftRequest, Drafter
+from jaxspec.host.drafter import Drafter, DraftRequest
 from jaxspec.schedule import check_int
 
 # A pool holds at most this many continuations (pattern -> continuation pairs). A token position
@@ -56,7 +56,7 @@ class _PatternTable:
     or oldest inserted first ("fifo").
     """
 
-    __slots__ = ("patterns", "num_entries", "keep_all", "max_entries", "lru")
+    __slots__ = ("keep_all", "lru", "max_entries", "num_entries", "patterns")
 
     def __init__(self, keep_all: bool, max_entries: int, lru: bool):
         # Values are dicts used as ordered sets: insertion order is the match order.

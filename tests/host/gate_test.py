@@ -104,9 +104,7 @@ class SpeculationGateTest(parameterized.TestCase):
         disabled = False
         for i, rate in enumerate(rates):
             recent = rates[max(0, i + 1 - window):i + 1]
-            if disabled:
-                expected = (False, None)
-            elif i + 1 < window:
+            if disabled or i + 1 < window:
                 expected = (False, None)
             else:
                 mean = sum(recent) / len(recent)

@@ -241,7 +241,7 @@ class NGramPoolTest(parameterized.TestCase):
         text = [1, 2, 3, 4, 5, 6, 7, 8]
         pool.get_draft_tokens(text, "a", 100)
         self.assertEqual(pool._scan["a"], (8 - (2 + 2 - 1), 8))
-        self.assertEqual(pool.get_draft_tokens(text + [1, 2], "a", 100), [3, 4])
+        self.assertEqual(pool.get_draft_tokens([*text, 1, 2], "a", 100), [3, 4])
         self.assertEqual(pool._scan["a"], (10 - 3, 10))
 
     def test_public_pool_shares_text_across_requests(self):
