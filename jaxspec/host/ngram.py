@@ -42,8 +42,8 @@ from jaxspec.host.drafter import Drafter, DraftRequest
 from jaxspec.schedule import check_int
 
 # A pool holds at most this many continuations (pattern -> continuation pairs). A token position
-# adds up to N of them, so at N=3 the default covers ~350k tokens of distinct text: every live
-# request's history with room to share prompts across requests, for roughly 150 MB of tuples.
+# adds at most N of them, fewer where text repeats (0.8 per byte of stdlib source at N=3, K=5), so
+# the default holds about a million tokens of history in ~140 MB (~134 bytes per continuation).
 DEFAULT_MAX_POOL_ENTRIES = 1 << 20
 EVICTION_POLICIES = ("lru", "fifo")
 
