@@ -1,0 +1,136 @@
+"""`jaxspec generate` and `jaxspec bench`.
+
+    jaxspec generate --prompt "Write a haiku about JAX" --max-new-tokens 64
+    jaxspec generate --prompt-file edit.txt --spec sa --max-draft-len 5 --json
+    jaxspec generate --batch-file prompts.txt --spec auto        # one prompt per line, one batch
+    jaxspec bench --workload code_editing --n 4                  # from a source checkout
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from jaxspec import engine as engine_lib
+
+
+def _add_generate(sub):
+    p = sub.add_parser("generate", help="generate text (streams to stdout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="a file holding the prompt text")
+    src.add_argument("--batch-file", help="one prompt per line, run as one continuous batch")
+    p.add_argument("--model", default=None,
+                   help="a .gguf file or HF-layout directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spec", choices=engine_lib.SPEC_NAMES, default="auto",
+                   help="speculation method (default: auto)")
+    p.add_argument("--max-draft-len", type=int, default=None,
+                   help=f"draft tokens per step for sa/ngram (default {engine_lib.DEFAULT_DRAFT_LEN})")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--json", action="store_true",
+                   help='print {"token_ids", "text", "stats"} instead of streaming')
+    p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
+                   help="persistent XLA compilation cache directory ('' disables it)")
+
+
+def _enable_compile_cache(path: str):
+    if not path:
+        return
+    import jax
+
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _read_prompts(args) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    path = args.prompt_file or args.batch_file
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"prompt file not found: {path}") from None
+    if args.prompt_file:
+        return [text]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _summary_line(stats: dict) -> str:
+    parts = [f"{stats['generated_tokens']} tokens in {stats['wall_time_s']:.2f}s",
+             f"{stats['tokens_per_s']} tok/s"]
+    if stats.get("mean_acceptance_length") is not None and stats.get("spec_steps"):
+        parts.append(f"mean acceptance length {stats['mean_acceptance_length']:.2f}")
+        parts.append(f"acceptance rate {stats['acceptance_rate']}")
+    parts.append(f"prefill {stats['prefill_time_s']:.2f}s")
+    return "[jaxspec] " + ", ".join(parts)
+
+
+def _generate(args) -> int:
+    from jaxspec.host import requests as requests_lib
+    from jaxspec.host import scheduler as scheduler_lib
+
+    prompts = _read_prompts(args)
+    params = requests_lib.SamplingParams(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed)
+    spec = engine_lib.spec_from_name(args.spec, args.max_draft_len)
+    _enable_compile_cache(args.compile_cache)
+    engine = engine_lib.Engine.load(
+        args.model, spec=spec,
+        scheduler=scheduler_lib.SchedulerConfig(max_batch_size=args.max_batch_size,
+                                                max_seq_len=args.max_seq_len))
+    chat = not args.raw
+    if args.json or len(prompts) > 1:
+        result = engine.generate_batch(prompts, params=params, chat=chat)
+        if args.json:
+            gens = [{"token_ids": g.token_ids, "text": g.text, "finish_reason": g.finish_reason,
+                     "stats": g.stats} for g in result.generations]
+            out = ({"generations": gens, "stats": result.stats} if args.batch_file
+                   else {**gens[0], "stats": {**result.stats, **gens[0]["stats"]}})
+            print(json.dumps(out))
+            return 0
+        for i, g in enumerate(result.generations):
+            print(f"--- prompt {i} ({g.finish_reason}) ---\n{g.text}")
+        print(_summary_line(result.stats), file=sys.stderr)
+        return 0
+    for piece in engine.stream(prompts[0], params=params, chat=chat):
+        print(piece, end="", flush=True)
+    print()
+    print(_summary_line(engine.last_stats), file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    bench = sub.add_parser("bench", help="benchmark methods side by side (needs a source "
+                                         "checkout: the benchmarks/ folder)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        try:
+            from benchmarks import harness
+        except ImportError:
+            print("jaxspec bench runs from a source checkout (it needs benchmarks/); "
+                  "run it from the repository root", file=sys.stderr)
+            return 2
+        return harness.main(args.rest)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"jaxspec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
