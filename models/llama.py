@@ -60,7 +60,8 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * self.weight
+        scale = self.weight[...].reshape((1,) * (x.ndim - 1) + (-1,))
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * scale
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -72,7 +73,7 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     """
     d = x.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))      # [D/2]
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq                 # [B, T, D/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq[None, None, :]   # [B, T, D/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]

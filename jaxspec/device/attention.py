@@ -40,7 +40,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages: j
     scores_old = jnp.where(old_ok[:, None, None, None, :], scores_old, MASK_VALUE)
     scores_new = jnp.einsum("btkgd,bukd->bkgtu", q, k_new)
     causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]                    # [T, U]
-    scores_new = jnp.where(causal, scores_new, MASK_VALUE)
+    scores_new = jnp.where(causal[None, None, None], scores_new, MASK_VALUE)
 
     probs = jax.nn.softmax(jnp.concatenate([scores_old, scores_new], axis=-1), axis=-1)
     out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_old)
