@@ -1,0 +1,29 @@
+"""The tiny test model: deterministic in its seed, GQA, non-trivial norms, overridable."""
+
+import numpy as np
+
+from jaxspec.models import checkpoint
+from jaxspec.models import tiny
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    a, b, c = (checkpoint.flat_params(tiny.tiny_model(s)) for s in (0, 0, 1))
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert all(not np.array_equal(a[name], c[name]) for name in a)
+
+
+def test_architecture_is_small_grouped_query_and_has_real_norms():
+    cfg = tiny.tiny_config()
+    assert 64 <= cfg.vocab_size <= 256 and cfg.num_layers == 2
+    assert cfg.num_heads > cfg.num_kv_heads and cfg.num_heads % cfg.num_kv_heads == 0
+    params = checkpoint.flat_params(tiny.tiny_model(0))
+    for name in ("layers.input_norm.weight", "layers.post_norm.weight", "norm.weight"):
+        assert not np.allclose(params[name], 1.0), name
+    np.testing.assert_array_equal(params["layers.q_proj.kernel"].shape, (2, 64, 64))
+
+
+def test_overrides_replace_fields():
+    model = tiny.tiny_model(0, vocab_size=200, tie_embeddings=False)
+    assert model.cfg.vocab_size == 200 and model.lm_head is not None
+    assert all(v.dtype == np.float32 for v in checkpoint.flat_params(model).values())
