@@ -1,0 +1,254 @@
+"""Pallas Triton kernel: extend each row's suffix automaton, then look up its next draft.
+
+Reference (bit-identical results, and the CPU path): `jaxspec.device.sa_state.extend_and_lookup`;
+the layout and the algorithm are documented in `jaxspec.device.sa_state` and
+`jaxspec.host.sa_reference`.
+
+One program per batch row, as TensorRT-LLM's one-thread-per-request kernels: the row's slot is
+walked with scalar loads and stores over whole-array refs (no BlockSpecs), data-dependent
+`lax.while_loop`s, and the automaton arrays are updated in place through `input_output_aliases`.
+Rows own distinct slots (padding rows all use the dummy slot and write nothing), so programs never
+race.
+"""
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+import jax.numpy as jnp
+
+from jaxspec.device import sa_state
+
+# Scalar code: one warp is plenty, more only replicate the same loads.
+NUM_WARPS = 1
+NUM_STAGES = 1
+_INT32_ELEMENTS = 2**31  # Triton computes element offsets in int32.
+
+# Field order of the state refs in the kernels, after the row inputs.
+STATE_FIELDS = tuple(sa_state.SAState.__dataclass_fields__)
+
+
+class SlotRefs:
+    """Scalar accessors for one slot of the aliased state refs inside a kernel."""
+
+    def __init__(self, refs, slot, table_size: int):
+        self.refs = dict(zip(STATE_FIELDS, refs, strict=True))
+        self.slot = slot
+        self.wrap = table_size - 1
+
+    def __getitem__(self, key):
+        name, index = key
+        if index is None:
+            return self.refs[name][self.slot]
+        return self.refs[name][self.slot, index]
+
+    def __setitem__(self, key, value):
+        name, index = key
+        if index is None:
+            self.refs[name][self.slot] = value
+        else:
+            self.refs[name][self.slot, index] = value
+
+    def parent(self, s):
+        return jnp.where(s == 0, -1, self["link", jnp.maximum(s, 0)])
+
+    def probe(self, source, token):
+        """The bucket of edge `(source, token)`, or the empty bucket where it would go."""
+        def collides(bucket):
+            return ((self["table_target", bucket] != 0)
+                    & ((self["table_state", bucket] != source)
+                       | (self["table_token", bucket] != token)))
+
+        return lax.while_loop(collides, lambda bucket: (bucket + 1) & self.wrap,
+                              sa_state.hash_bucket(source, token, self.wrap + 1))
+
+    def insert(self, bucket, source, token, target):
+        self["table_state", bucket] = source
+        self["table_token", bucket] = token
+        self["table_target", bucket] = target
+        self["table_next", bucket] = self["edge_head", source]
+        self["edge_head", source] = bucket + 1
+
+
+def extend_token(sa: SlotRefs, token):
+    """One online-construction step (`sa_reference.SuffixAutomaton.extend`) on a slot's refs."""
+    n = sa["text_len", None]
+    cur = jnp.maximum(sa["num_states", None], 1)
+    last = sa["last", None]
+    sa["text", n] = token
+    sa["state_len", cur] = sa["state_len", last] + 1
+    sa["firstpos", cur] = n
+
+    # 1. Add `p --token--> cur` up the suffix links until some p already has a `token` edge.
+    def add_edge(carry):
+        p, _, _ = carry
+        bucket = sa.probe(p, token)
+        missing = sa["table_target", bucket] == 0
+
+        @pl.when(missing)
+        def _():
+            sa.insert(bucket, p, token, cur)
+
+        p = jnp.where(missing, sa.parent(p), p)
+        return p, bucket, missing & (p >= 0)
+
+    p, bucket, _ = lax.while_loop(lambda c: c[2], add_edge, (last, jnp.int32(0), True))
+    has_q = p >= 0
+    q = jnp.where(has_q, sa["table_target", bucket], 0)
+    len_p1 = sa["state_len", jnp.maximum(p, 0)] + 1
+    solid = has_q & (len_p1 == sa["state_len", q])
+    cloning = has_q & ~solid
+    clone = cur + 1
+    sa["link", cur] = jnp.where(cloning, clone, jnp.where(solid, q, 0))
+
+    # 2. Clone q (same link and first occurrence, shorter, a copy of q's edges), then redirect
+    # `p --token--> q` to the clone up the suffix links.
+    @pl.when(cloning)
+    def _():
+        sa["state_len", clone] = len_p1
+        sa["firstpos", clone] = sa["firstpos", q]
+        sa["link", clone] = sa["link", q]
+        sa["link", q] = clone
+
+        def copy_edge(edge):
+            entry = edge - 1
+            edge_token = sa["table_token", entry]
+            sa.insert(sa.probe(clone, edge_token), clone, edge_token, sa["table_target", entry])
+            return sa["table_next", entry]
+
+        lax.while_loop(lambda edge: edge != 0, copy_edge, sa["edge_head", q])
+
+        def redirect(carry):
+            p, _ = carry
+            probed = sa.probe(p, token)
+            hit = sa["table_target", probed] == q
+
+            @pl.when(hit)
+            def _():
+                sa["table_target", probed] = clone
+
+            p = jnp.where(hit, sa.parent(p), p)
+            return p, hit & (p >= 0)
+
+        lax.while_loop(lambda c: c[1], redirect, (p, True))
+
+    sa["last", None] = cur
+    sa["num_states", None] = clone + cloning.astype(jnp.int32)
+    sa["text_len", None] = n + 1
+
+
+def lookup(sa: SlotRefs, max_ngram_size: int):
+    """`(match_len, start)` of the row's next draft (`sa_state.lookup`)."""
+    longest_state = sa["link", sa["last", None]]
+    longest = sa["state_len", longest_state]
+    if max_ngram_size == -1:
+        return longest, sa["firstpos", longest_state] + 1
+    match_len = jnp.minimum(longest, max_ngram_size)
+    n = sa["text_len", None]
+
+    def read(i, s):
+        return sa["table_target", sa.probe(s, sa["text", n - match_len + i])]
+
+    matched = lax.fori_loop(0, match_len, read, jnp.int32(0))
+    return match_len, sa["firstpos", matched] + 1
+
+
+def write_draft(sa: SlotRefs, row, match_len, start, draft_ref, draft_lens_ref, *,
+                draft_len: int, max_seq_len: int):
+    """Writes `text[start:]` cut to `draft_len` and zero-filled into row `row`."""
+    count = jnp.where(match_len > 0, jnp.minimum(draft_len, sa["text_len", None] - start), 0)
+    for k in range(draft_len):
+        token = sa["text", jnp.minimum(start + k, max_seq_len - 1)]
+        draft_ref[row, k] = jnp.where(k < count, token, 0)
+    draft_lens_ref[row] = count
+
+
+def _sa_extend_kernel(
+    # inputs
+    slots_ref,          # i32[B]
+    accepted_ref,       # i32[B, W]
+    num_accepted_ref,   # i32[B]
+    *refs,              # 12 state inputs (aliased to the outputs, unused), then the outputs:
+                        # [match_len i32[B], draft_tokens i32[B, K], draft_lens i32[B]] if lookup,
+                        # then the 12 SAState fields: i32[S, 2N] x4, [S, N], [S] x3, [S, T] x4
+    num_slots: int, max_seq_len: int, table_size: int, lookup_draft_len: int | None,
+    max_ngram_size: int,
+):
+    outs = refs[len(STATE_FIELDS):]
+    if lookup_draft_len is not None:
+        (match_len_ref, draft_ref, draft_lens_ref), outs = outs[:3], outs[3:]
+    row = pl.program_id(0)
+    slot = slots_ref[row]
+    sa = SlotRefs(outs, slot, table_size)
+    # A slot at capacity drops further tokens (SAManager refuses them on the host first).
+    room = max_seq_len - sa["text_len", None]
+    count = jnp.where(slot == num_slots, 0, jnp.minimum(num_accepted_ref[row], room))
+
+    def extend_next(i, carry):
+        extend_token(sa, accepted_ref[row, i])
+        return carry
+
+    lax.fori_loop(0, count, extend_next, jnp.int32(0))
+    if lookup_draft_len is not None:
+        match_len, start = lookup(sa, max_ngram_size)
+        match_len_ref[row] = match_len
+        write_draft(sa, row, match_len, start, draft_ref, draft_lens_ref,
+                    draft_len=lookup_draft_len, max_seq_len=max_seq_len)
+
+
+def static_validate(state: sa_state.SAState, draft_len: int | None) -> None:
+    """Raises NotImplementedError for inputs this kernel does not take (the switch falls back)."""
+    if draft_len == 0:
+        raise NotImplementedError("sa kernels need draft_len >= 1")
+    if state.text.shape[0] * state.table_size >= _INT32_ELEMENTS:
+        raise NotImplementedError(f"{state.text.shape[0]} slots x {state.table_size} buckets "
+                                  f"overflow int32 offsets")
+
+
+def extend_call(state: sa_state.SAState, slots, accepted, num_accepted, *,
+                draft_len: int | None, max_ngram_size: int, interpret: bool):
+    """The `pallas_call`: extends, and with `draft_len` set also looks up.
+
+    Returns `(state, match_len, draft_tokens, draft_lens)`, or `(state,)` without a lookup.
+    """
+    static_validate(state, draft_len)
+    leaves = [getattr(state, name) for name in STATE_FIELDS]
+    rows = slots.shape[0]
+    draft_shapes = [] if draft_len is None else [
+        jax.ShapeDtypeStruct((rows,), jnp.int32),
+        jax.ShapeDtypeStruct((rows, draft_len), jnp.int32),
+        jax.ShapeDtypeStruct((rows,), jnp.int32)]
+    num_drafts = len(draft_shapes)
+    kernel = functools.partial(
+        _sa_extend_kernel, num_slots=state.num_slots, max_seq_len=state.max_seq_len,
+        table_size=state.table_size, lookup_draft_len=draft_len, max_ngram_size=max_ngram_size)
+    outs = pl.pallas_call(
+        kernel,
+        grid=(rows,),
+        out_shape=draft_shapes + [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves],
+        input_output_aliases={3 + i: num_drafts + i for i in range(len(leaves))},
+        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
+        interpret=interpret,
+        name=f"sa_extend_{draft_len=}_{max_ngram_size=}",
+    )(slots, accepted, num_accepted, *leaves)
+    new_state = sa_state.SAState(**dict(zip(STATE_FIELDS, outs[num_drafts:], strict=True)))
+    return (new_state, *outs[:num_drafts])
+
+
+@functools.partial(jax.jit, static_argnames=("draft_len", "max_ngram_size", "interpret"),
+                   donate_argnums=0)
+def sa_extend_and_lookup(state: sa_state.SAState, slots, accepted, num_accepted, *,
+                         draft_len: int, max_ngram_size: int = -1, interpret: bool = False):
+    """`sa_state.extend_and_lookup` as a Pallas kernel (same arguments, same results).
+
+    Args:
+      interpret: run the kernel in the Pallas interpreter (any backend; slow, for tests).
+
+    Raises:
+      NotImplementedError: for `draft_len == 0` or tables beyond int32 offsets.
+    """
+    sa_state.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
+    return extend_call(state, slots, accepted, num_accepted, draft_len=draft_len,
+                       max_ngram_size=max_ngram_size, interpret=interpret)
