@@ -9,3 +9,5 @@ from jaxspec.host.gate import SpeculationGate as SpeculationGate
 from jaxspec.host.ngram import NGramDrafter as NGramDrafter
 from jaxspec.host.ngram import NGramPool as NGramPool
 from jaxspec.schedule import draft_len_for_batch_size as draft_len_for_batch_size
+from jaxspec.host.sa_manager import SAManager as SAManager
+from jaxspec.host.sa_reference import SuffixAutomaton as SuffixAutomaton

@@ -170,14 +170,28 @@ class SAKernelTestBase(parameterized.TestCase):
         self.assertEqual(_rows(*outs), [(0, [])] * pad + expected)
         self._assert_slots_match_host_build(state, [[1, 2, 3, 1, 2], [4, 4, 4, 4], [5, 6]])
 
-    def test_global_ranking(self):
-        # Row 0 (slot 2, "3 8"): slots 0 and 1 both match "8"; slot 1's continuation is longer.
-        # Row 1 (slot 1): its own "8 4 2 2 2" has "2 2" first at 2..3 -> own slot, draft 2.
-        prompts = [[8, 4, 1], [8, 4, 2, 2, 2], [3, 8]]
+    @parameterized.named_parameters(
+        # Equal match lengths: the own slot wins over a longer continuation elsewhere.
+        dict(testcase_name="own_slot_wins", prompts=[[1, 2, 5, 6, 7, 8], [9, 1, 2, 3, 1, 2], []],
+             own=1, expected=(2, [3, 1, 2])),
+        # A longer match elsewhere beats the own slot.
+        dict(testcase_name="longer_match_wins", prompts=[[7, 1, 2, 4], [1, 2, 3, 7, 1, 2], []],
+             own=1, expected=(3, [4])),
+        # Two other slots match "8"; slot 1's continuation is longer.
+        dict(testcase_name="longer_continuation", prompts=[[8, 4, 1], [8, 4, 2, 2, 2], [3, 8]],
+             own=2, expected=(1, [4, 2, 2])),
+        # Full tie between slots 0 and 1: the lower slot index wins.
+        dict(testcase_name="lower_slot", prompts=[[8, 5], [8, 6], [3, 8]], own=2,
+             expected=(1, [5])),
+        # Same, with the tie on the higher slots: the own slot 0 has no continuation.
+        dict(testcase_name="lower_slot_above_own", prompts=[[3, 8], [8, 5], [8, 6]], own=0,
+             expected=(1, [5])),
+    )
+    def test_global_ranking(self, prompts, own, expected):
         state, *outs = self.extend_and_global_search(
-            _pool(prompts), *_batch([2, 1], [[], []]), jnp.ones(NUM_SLOTS + 1, jnp.bool_),
+            _pool(prompts), *_batch([own], [[]]), jnp.ones(NUM_SLOTS + 1, jnp.bool_),
             draft_len=DRAFT_LEN)
-        self.assertEqual(_rows(*outs), [(1, [4, 2, 2]), (2, [2])])
+        self.assertEqual(_rows(*outs), [expected])
 
     def test_capacity_drops_tokens(self):
         prompts = [[1, 2] * (MAX_SEQ_LEN // 2 - 1), [], []]
