@@ -1,6 +1,95 @@
-"""Strict numerics for every test, as the house style asks (equinox's conftest)."""
+"""Strict numerics for every test, as the house style asks (equinox's conftest), and the fixtures
+shared across test folders: the real default model, a full uncached forward, and the uncached
+greedy decoding loop every engine test compares against."""
+
+import functools
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec.device import kv_cache
+from jaxspec.models import registry
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+PAGE_SIZE = 16
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the embedded default, through the on-disk cache."""
+    return registry.load(None)
+
+
+@functools.lru_cache(maxsize=4)
+def _jitted_forward(graphdef):
+    @jax.jit
+    def forward(state, tokens):
+        model = nnx.merge(graphdef, state)
+        b, t = tokens.shape
+        num_pages = -(-t // PAGE_SIZE)
+        spec = model.cache_spec
+        kv = kv_cache.init_pages(num_layers=spec.num_layers, num_pages=num_pages + 1,
+                                 page_size=PAGE_SIZE, num_kv_heads=spec.num_kv_heads,
+                                 head_dim=spec.head_dim)
+        view = kv_cache.CacheView(
+            page_table=jnp.arange(1, num_pages + 1, dtype=jnp.int32)[None, :] * jnp.ones(
+                (b, 1), jnp.int32),
+            lengths=jnp.zeros((b,), jnp.int32), num_new=jnp.full((b,), t, jnp.int32))
+        hidden, _ = model(tokens, kv, view)
+        return model.logits(hidden)
+    return forward
+
+
+def full_logits(model, tokens) -> np.ndarray:
+    """Logits f32[B, T, V] of a whole prompt in one forward over an empty cache.
+
+    Every row gets the same pages, which is harmless: nothing is read from the cache when all
+    lengths are 0, and the writes are discarded.
+    """
+    graphdef, state = nnx.split(model)
+    return np.asarray(_jitted_forward(graphdef)(state, jnp.asarray(tokens, jnp.int32)))
+
+
+@pytest.fixture(scope="session")
+def forward():
+    return full_logits
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_next_token(graphdef, width):
+    @jax.jit
+    def next_token(state, tokens, length):
+        model = nnx.merge(graphdef, state)
+        num_pages = -(-width // PAGE_SIZE)
+        spec = model.cache_spec
+        kv = kv_cache.init_pages(num_layers=spec.num_layers, num_pages=num_pages + 1,
+                                 page_size=PAGE_SIZE, num_kv_heads=spec.num_kv_heads,
+                                 head_dim=spec.head_dim)
+        view = kv_cache.CacheView(page_table=jnp.arange(1, num_pages + 1, dtype=jnp.int32)[None],
+                                  lengths=jnp.zeros((1,), jnp.int32), num_new=length[None])
+        hidden, _ = model(tokens, kv, view)
+        return jnp.argmax(model.logits(hidden[0, length - 1]))
+    return next_token
+
+
+def uncached_greedy_decode(model, prompt, n: int, width: int = 128) -> list[int]:
+    """Argmax decoding that recomputes the whole sequence from scratch for every new token."""
+    graphdef, state = nnx.split(model)
+    step = _jitted_next_token(graphdef, width)
+    tokens = np.zeros((1, width), np.int32)
+    tokens[0, :len(prompt)] = prompt
+    length = len(prompt)
+    for _ in range(n):
+        tokens[0, length] = int(step(state, jnp.asarray(tokens), jnp.int32(length)))
+        length += 1
+    return [int(t) for t in tokens[0, len(prompt):length]]
+
+
+@pytest.fixture(scope="session")
+def uncached_greedy():
+    return uncached_greedy_decode
