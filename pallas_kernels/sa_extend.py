@@ -36,7 +36,7 @@ class SlotRefs:
     def __init__(self, refs, slot, table_size: int):
         self.refs = dict(zip(STATE_FIELDS, refs, strict=True))
         self.slot = slot
-        self.wrap = table_size - 1
+        self.table_size = table_size
 
     def __getitem__(self, key):
         name, index = key
@@ -61,8 +61,9 @@ class SlotRefs:
                     & ((self["table_state", bucket] != source)
                        | (self["table_token", bucket] != token)))
 
-        return lax.while_loop(collides, lambda bucket: (bucket + 1) & self.wrap,
-                              sa_state.hash_bucket(source, token, self.wrap + 1))
+        return lax.while_loop(collides,
+                              lambda bucket: sa_state.next_bucket(bucket, self.table_size),
+                              sa_state.hash_bucket(source, token, self.table_size))
 
     def insert(self, bucket, source, token, target):
         self["table_state", bucket] = source

@@ -60,7 +60,7 @@ def _sa_global_search_kernel(
             i = i + advance.astype(jnp.int32)
             next_token = own["text", query_start + jnp.minimum(i, query_len - 1)]
             bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, next_token, table_size),
-                               (bucket + 1) & (table_size - 1))
+                               sa_state.next_bucket(bucket, table_size))
             return s, matched, i, bucket
 
         first = sa_state.hash_bucket(jnp.int32(0), own["text", query_start], table_size)

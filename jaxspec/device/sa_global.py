@@ -37,7 +37,6 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
     lane_slot = jnp.tile(jnp.arange(width, dtype=jnp.int32), num_rows)
     lane_len = query_len[row]
     searched = active_mask[lane_slot] & (lane_len > 0)
-    wrap = jnp.int32(state.table_size - 1)
 
     def token_at(i):
         return query[row, jnp.minimum(i, cap - 1)]
@@ -61,7 +60,8 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
                             jnp.where(drop, get(state.state_len, s), jnp.where(miss, 0, matched)))
         i = i + advance.astype(jnp.int32)
         bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, token_at(i), state.table_size),
-                           jnp.where(live, (bucket + 1) & wrap, bucket))
+                           jnp.where(live, sa_state.next_bucket(bucket, state.table_size),
+                                     bucket))
         return s, matched, i, bucket, live & (i < lane_len)
 
     zero = jnp.zeros_like(row)

@@ -9,23 +9,23 @@ Vocabulary (the algorithm is documented in `jaxspec.host.sa_reference`):
   and firstpos are unused and kept 0, so a zeroed slot is exactly the empty automaton.
 * `num_states`: states in use, root included (a zeroed slot's 0 reads as 1).
 * edges: transitions `(state, token) -> target` in an open-addressing hash table of
-  `table_size(max_seq_len)` buckets per slot, never dense vocabulary rows (vocabularies are
-  50k-260k). A bucket with `table_target == 0` is empty: no edge enters the root. Probing is
-  linear from `hash_bucket(state, token)`. An automaton of `n` tokens has at most `3n` edges, so
-  the table (>= 4n buckets) is never more than 3/4 full. Edges are never deleted; redirecting an
-  edge rewrites its target in place.
+  `table_size(max_seq_len) = 4 * max_seq_len` buckets per slot, never dense vocabulary rows
+  (vocabularies are 50k-260k). A bucket with `table_target == 0` is empty: no edge enters the
+  root. Probing is linear (`next_bucket`) from `hash_bucket(state, token)`. An automaton of `n`
+  tokens has at most `3n` edges, so the table is never more than 3/4 full. Edges are never
+  deleted; redirecting an edge rewrites its target in place.
 * edge lists: cloning a state copies its edges, so each state also heads a singly linked list of
   its buckets (`edge_head`, then `table_next`), stored as bucket index + 1 with 0 for "none".
 
 The host builder (`jaxspec.host.sa_build`) inserts edges in the same order with the same hash, so a
 prompt built on the host and a slot extended here token by token are bit-identical.
 
-Bytes per slot, `n = max_seq_len` and `T = table_size(n)` (the next power of two >= 4n):
+Bytes per slot, `n = max_seq_len`, `T = table_size(n) = 4n` (see `bytes_per_slot`):
 
-    4 * (4 * 2n  +  n  +  4 * T  +  3)        ~ 100 n bytes when n is a power of two
+    4 * (4 * 2n  +  n  +  4 * T  +  3)  =  100 n + 12
      states: state_len, link, firstpos, edge_head; text; table: state, token, target, next; scalars
 
-so 3.2 MiB per slot at `n = 32768` and 25.6 MiB at `n = 262144`; see `bytes_per_slot`.
+so 3.1 MiB per slot at `n = 32768` and 25 MiB at `n = 262144`.
 
 The ops here are the production CPU path and the reference of the Pallas kernels in
 `jaxspec.pallas_kernels` (which computes bit-identical results). They are vectorised across the
@@ -50,6 +50,7 @@ from jaxspec.host import sa_reference
 HASH_STATE_MUL = 0x01000193
 HASH_MIX_MUL = 0x2C1B3C6D
 MIN_TABLE_SIZE = 8  # a few buckets even for toy capacities
+_POSITIVE = 0x7FFFFFFF
 MAX_GLOBAL_SUFFIX_LEN = sa_reference.MAX_GLOBAL_SUFFIX_LEN
 
 
@@ -59,8 +60,9 @@ def max_states(max_seq_len: int) -> int:
 
 
 def table_size(max_seq_len: int) -> int:
-    """Hash buckets per slot: the next power of two >= 4 * max_seq_len (load <= 3/4)."""
-    return max(MIN_TABLE_SIZE, 1 << (4 * max_seq_len - 1).bit_length())
+    """Hash buckets per slot: 4 * max_seq_len (load <= 3/4). Not rounded to a power of two,
+    which would double the memory of capacities like `2048 + 1 + K`."""
+    return max(MIN_TABLE_SIZE, 4 * max_seq_len)
 
 
 def bytes_per_slot(max_seq_len: int) -> int:
@@ -75,7 +77,12 @@ def hash_bucket(state, token, num_buckets: int):
     x = x ^ lax.shift_right_logical(x, jnp.int32(15))
     x = x * jnp.int32(HASH_MIX_MUL)
     x = x ^ lax.shift_right_logical(x, jnp.int32(13))
-    return x & jnp.int32(num_buckets - 1)
+    return lax.rem(x & jnp.int32(_POSITIVE), jnp.int32(num_buckets))
+
+
+def next_bucket(bucket, num_buckets: int):
+    """Linear probing, wrapping around the table."""
+    return jnp.where(bucket + 1 == num_buckets, 0, bucket + 1)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -186,8 +193,6 @@ def _probe(state: SAState, slots, source, token, mask):
 
     Returns `(bucket, found)`; rows outside `mask` get an unspecified bucket and `found` False.
     """
-    wrap = jnp.int32(state.table_size - 1)
-
     def collides(bucket):
         other = ((_get(state.table_state, slots, bucket) != source)
                  | (_get(state.table_token, slots, bucket) != token))
@@ -195,7 +200,7 @@ def _probe(state: SAState, slots, source, token, mask):
 
     def body(carry):
         bucket, again = carry
-        bucket = jnp.where(again, (bucket + 1) & wrap, bucket)
+        bucket = jnp.where(again, next_bucket(bucket, state.table_size), bucket)
         return bucket, collides(bucket)
 
     first = hash_bucket(source, token, state.table_size)

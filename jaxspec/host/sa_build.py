@@ -14,24 +14,25 @@ from jaxspec.device import sa_state
 _WORD = 0xFFFFFFFF
 _STATE_MUL = sa_state.HASH_STATE_MUL
 _MIX_MUL = sa_state.HASH_MIX_MUL
+_POSITIVE = 0x7FFFFFFF
 
 
 @numba.njit(inline="always")
-def _hash(state, token, wrap):
+def _hash(state, token, num_buckets):
     # sa_state.hash_bucket in 64-bit arithmetic, truncated to 32 bits wherever int32 would wrap.
     x = (np.int64(state) * _STATE_MUL + np.int64(token)) & _WORD
     x ^= x >> 15
     x = (x * _MIX_MUL) & _WORD
     x ^= x >> 13
-    return x & wrap
+    return (x & _POSITIVE) % num_buckets
 
 
 @numba.njit(inline="always")
-def _probe(table_state, table_token, table_target, source, token, wrap):
-    bucket = _hash(source, token, wrap)
+def _probe(table_state, table_token, table_target, source, token, num_buckets):
+    bucket = _hash(source, token, num_buckets)
     while table_target[bucket] != 0 and (table_state[bucket] != source
                                          or table_token[bucket] != token):
-        bucket = (bucket + 1) & wrap
+        bucket = 0 if bucket + 1 == num_buckets else bucket + 1
     return bucket
 
 
@@ -48,7 +49,7 @@ def _insert(edge_head, table_state, table_token, table_target, table_next, bucke
 @numba.njit(cache=True)
 def _build(tokens, state_len, link, firstpos, edge_head, text, table_state, table_token,
            table_target, table_next):
-    wrap = table_target.shape[0] - 1
+    num_buckets = table_target.shape[0]
     num_states, last = 1, 0
     for n in range(tokens.shape[0]):
         token = tokens[n]
@@ -59,7 +60,7 @@ def _build(tokens, state_len, link, firstpos, edge_head, text, table_state, tabl
         firstpos[cur] = n
         p = last
         while True:
-            bucket = _probe(table_state, table_token, table_target, p, token, wrap)
+            bucket = _probe(table_state, table_token, table_target, p, token, num_buckets)
             if table_target[bucket] != 0:
                 break
             _insert(edge_head, table_state, table_token, table_target, table_next, bucket, p,
@@ -81,12 +82,13 @@ def _build(tokens, state_len, link, firstpos, edge_head, text, table_state, tabl
                 while edge != 0:
                     entry = edge - 1
                     edge_token = table_token[entry]
-                    slot = _probe(table_state, table_token, table_target, clone, edge_token, wrap)
+                    slot = _probe(table_state, table_token, table_target, clone, edge_token,
+                                  num_buckets)
                     _insert(edge_head, table_state, table_token, table_target, table_next, slot,
                             clone, edge_token, table_target[entry])
                     edge = table_next[entry]
                 while p >= 0:
-                    slot = _probe(table_state, table_token, table_target, p, token, wrap)
+                    slot = _probe(table_state, table_token, table_target, p, token, num_buckets)
                     if table_target[slot] != q:
                         break
                     table_target[slot] = clone
