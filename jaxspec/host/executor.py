@@ -309,9 +309,10 @@ class Executor:
             self.params, self.kv, self.sa.state if self.sa else None, self.draft_buffer,
             self.sa.active_mask if self.sa else None, inputs,
             cfg=self._step_config(k, all(r.params.greedy for r in reqs)))
+        out = jax.device_get(out)
         if self.sa is not None:
             self.sa.state = sa_state
-        out = jax.device_get(out)
+            self.sa.advance([r.request_id for r in reqs], out.num_new_tokens[:len(reqs)])
         # 7. Commit: the cache now holds the input token and the accepted drafts.
         events, pairs = [], []
         for i, r in enumerate(reqs):
