@@ -1,0 +1,160 @@
+"""Lossless speculation, property-tested on the tiny model: every request's greedy output with
+speculation equals its output without it, token for token.
+
+Each example is a workload of 1-8 requests with mixed prompt and output lengths, some joining the
+run after it started (the executor is driven directly), prompts drawn from 2-4 token ids so the
+text repeats and drafts really get accepted, and a random valid draft-length schedule. Every drafter
+path runs: the suffix automaton (longest match, fixed n-gram size, global pool), the n-gram pool,
+and a user `Drafter` subclass. The reference is the plain engine at batch size 1: greedy output
+depends only on the prompt.
+
+Shapes are shared by all examples (one SchedulerConfig, one max_draft_len, every schedule key a
+power-of-two batch bucket), so compilations are reused across examples and drafter paths.
+"""
+
+import collections
+import dataclasses
+
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+
+import jaxspec as js
+from jaxspec import engine as engine_lib
+from jaxspec.host import requests as requests_lib
+from jaxspec.host import scheduler as scheduler_lib
+from jaxspec.models import tiny
+
+MODEL = tiny.tiny_model(seed=0)
+MAX_DRAFT_LEN = 3
+MAX_PROMPT = 20
+MAX_NEW = 20
+# A budget of 64 tokens is shared between up to 8 x (1 + 3) placeholder tokens and prompt chunks
+# of at most 16, so prefill is often split by the budget as well as by the chunk size. Sequences
+# reach 44 slots (40 tokens + the verify window): two pages of 32, so verify windows and rollbacks
+# cross a page boundary, while page tables stay 1 or 2 columns wide (few compilations).
+CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=8, max_seq_len=MAX_PROMPT + MAX_NEW,
+                                       page_size=32, max_num_tokens=64, prefill_chunk=16)
+REFERENCE_CONFIG = dataclasses.replace(CONFIG, max_batch_size=1)
+_SETTINGS = hypothesis.settings(max_examples=5, deadline=None, derandomize=True,
+                                suppress_health_check=[hypothesis.HealthCheck.too_slow,
+                                                       hypothesis.HealthCheck.data_too_large])
+
+
+class RepeatLastDrafter(js.Drafter):
+    """A user drafter: the last token repeated, 0..K times depending on the text length.
+
+    Drafts of every length (empty ones included) exercise the padding to the bucket's K; `drafted`
+    counts what it really proposed, which the executor's statistics must match exactly.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.drafted = 0
+
+    def prepare_draft_tokens(self, requests):
+        drafts = [[r.tokens[-1]] * (len(r.tokens) % (self.draft_len + 1)) for r in requests]
+        self.drafted += sum(map(len, drafts))
+        return drafts
+
+
+SPECS = {
+    "sa_longest": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
+    "sa_fixed_ngram": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
+                                            draft_len_schedule=s),
+    "sa_global_pool": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, enable_global_pool=True,
+                                            draft_len_schedule=s),
+    "ngram": lambda s: js.NGramConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
+                                      draft_len_schedule=s),
+    "user_drafter": lambda s: RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival:
+    step: int                     # executor iterations run before the request is added
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+
+@st.composite
+def schedules(draw):
+    """None (a quarter of the time), or a valid schedule whose keys are batch buckets (so it adds
+    no compilation bucket)."""
+    if draw(st.integers(0, 3)) == 0:
+        return None
+    keys = sorted(draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3,
+                                unique=True)))
+    values = [MAX_DRAFT_LEN] + [draw(st.integers(0, MAX_DRAFT_LEN)) for _ in keys[1:]]
+    return dict(zip(keys, values))
+
+
+@st.composite
+def workloads(draw):
+    alphabet = draw(st.lists(st.integers(0, MODEL.vocab_size - 1), min_size=2, max_size=4,
+                             unique=True))
+    arrivals = []
+    for i in range(draw(st.integers(1, 8))):
+        arrivals.append(Arrival(
+            step=0 if i == 0 else draw(st.integers(0, 8)),
+            prompt=tuple(draw(st.lists(st.sampled_from(alphabet), min_size=1,
+                                       max_size=MAX_PROMPT))),
+            max_new_tokens=draw(st.integers(1, MAX_NEW))))
+    return sorted(arrivals, key=lambda a: a.step)
+
+
+_reference_engine = engine_lib.Engine(MODEL, spec="none", scheduler=REFERENCE_CONFIG)
+
+
+class _References(dict):
+    """Greedy continuations of MAX_NEW tokens by prompt; a shorter request takes a prefix."""
+
+    def __missing__(self, prompt):
+        out = _reference_engine.generate(list(prompt), max_new_tokens=MAX_NEW).token_ids
+        self[prompt] = out
+        return out
+
+
+REFERENCE = _References()
+
+
+def run_workload(executor, arrivals) -> dict[int, Arrival]:
+    """Adds each request after its number of iterations and runs until every request finished."""
+    pending = collections.deque(arrivals)
+    added = {}
+    step = 0
+    while pending or executor.has_work():
+        while pending and pending[0].step <= step:
+            a = pending.popleft()
+            params = requests_lib.SamplingParams(max_new_tokens=a.max_new_tokens)
+            added[executor.add_request(a.prompt, params, frozenset())] = a
+        if executor.has_work():
+            executor.step()
+        step += 1
+    return added
+
+
+@pytest.mark.parametrize("drafter", sorted(SPECS))
+def test_greedy_speculation_is_lossless(drafter):
+    totals = collections.Counter()
+
+    @_SETTINGS
+    @hypothesis.given(arrivals=workloads(), schedule=schedules())
+    def check(arrivals, schedule):
+        spec = SPECS[drafter](schedule)
+        executor = engine_lib.Engine(MODEL, spec=spec, scheduler=CONFIG).executor
+        added = run_workload(executor, arrivals)
+        for rid, a in added.items():
+            assert executor.requests[rid].output == REFERENCE[a.prompt][:a.max_new_tokens], a
+        stats = executor.stats
+        if isinstance(spec, RepeatLastDrafter):
+            assert stats.drafted == spec.drafted
+        assert sum(stats.acceptance_lengths.values()) == stats.request_steps
+        # Every page is free again (finished requests release theirs).
+        allocator = executor.scheduler.allocator
+        assert allocator.num_free == allocator.num_pages - 1
+        totals["drafted"] += stats.drafted
+        totals["accepted"] += stats.accepted
+
+    check()
+    assert totals["accepted"] > 0, totals
