@@ -1,0 +1,430 @@
+"""`jaxspec bench`: every decoding method side by side on one workload, in one process and one run.
+
+    python -m benchmarks.harness --workload code_editing --n 4 --max-new-tokens 128
+    jaxspec bench --workload mtbench --batch-size 4 --methods sa,auto --json
+    jaxspec bench sweep --batch-sizes 1,2,4,8      # the batch sweep: benchmarks.sweep
+    jaxspec bench plain-vs-hf                      # greedy, jaxspec vs HF: benchmarks.plain_vs_hf
+    jaxspec bench all                              # what `make bench` runs: benchmarks.run_all
+
+Methods, on the same prompt token ids and the same model (SmolLM2-135M-Instruct):
+  plain      jaxspec without speculation: the reference for speed and for tokens (always runs)
+  sa         the suffix automaton, drafting on the device, K = --max-draft-len
+  ngram      the host n-gram pool, K, patterns of up to 3 tokens
+  auto       jaxspec's AUTO choice for this batch size
+  oracle     drafts = plain's own greedy output, the ceiling for K (`benchmarks.oracle`)
+  hf_greedy  HF transformers greedy on torch CPU (batch 1 only; needs the `bench` extra)
+  hf_pld     HF `prompt_lookup_num_tokens=K`
+
+Procedure: the prompts are built first (earlier turns of a conversation answered by plain greedy
+decoding, `benchmarks.chat_prompts`). Every method then runs once untimed, which compiles every
+XLA shape the timed passes use (HF only generates a few tokens). Then `--repeats` rounds each run
+every method once, in the order above, so drift on a shared machine hits all methods alike.
+Reported numbers are medians over rounds; a speedup is the median over rounds of the method's
+tokens/s divided by plain's in the same round (`benchmarks.runs` defines the throughputs). Every
+output is compared with plain's token by token (HF prompt lookup with HF greedy); a difference is
+printed as MISMATCH and listed in the results.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+from benchmarks import chat_prompts
+from benchmarks import hf_baseline
+from benchmarks import oracle
+from benchmarks import report
+from benchmarks import runs
+from benchmarks import workloads
+from jaxspec import engine as engine_lib
+
+METHODS = ("plain", "sa", "ngram", "auto", "oracle", "hf_greedy", "hf_pld")
+HF_METHODS = ("hf_greedy", "hf_pld")
+LABELS = {"plain": "jaxspec plain", "sa": "jaxspec SA", "ngram": "jaxspec NGram",
+          "auto": "jaxspec AUTO", "oracle": "jaxspec oracle", "hf_greedy": "HF greedy",
+          "hf_pld": "HF prompt lookup"}
+# The issue's goals, checked where their workload runs: (numerator, denominator, minimum).
+GOALS = {
+    "code_editing": (("sa", "plain", 3.0), ("sa", "hf_pld", 1.3), ("sa", "oracle", 0.8)),
+    "mtbench_turn1": (("auto", "plain", 0.97),),
+}
+MAX_DRAFTING_OVERHEAD_PCT = 2.0
+SUBCOMMANDS = {"sweep": "benchmarks.sweep", "plain-vs-hf": "benchmarks.plain_vs_hf",
+               "all": "benchmarks.run_all"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """One harness run.
+
+    Attributes:
+      workload: a name in `benchmarks.workloads.WORKLOADS`.
+      n: conversations taken from the workload.
+      batch_size: the engine's max_batch_size: requests decoded together.
+      max_new_tokens: tokens generated per prompt at most.
+      max_draft_len: K for sa, ngram, oracle and HF prompt lookup.
+      repeats: timed rounds.
+      methods: the methods to run, in `METHODS` order; plain is always added.
+    """
+
+    workload: str = "code_editing"
+    n: int = 4
+    batch_size: int = 1
+    max_new_tokens: int = 128
+    max_draft_len: int = engine_lib.DEFAULT_DRAFT_LEN
+    repeats: int = 3
+    methods: tuple[str, ...] = METHODS
+
+    def __post_init__(self):
+        if self.workload not in workloads.WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; known: "
+                             f"{', '.join(workloads.WORKLOADS)}")
+        for name in ("n", "batch_size", "max_new_tokens", "max_draft_len", "repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+        object.__setattr__(self, "methods",
+                           tuple(m for m in METHODS if m == "plain" or m in self.methods))
+
+    @property
+    def section(self) -> str:
+        """The BENCHMARKS.md section of this workload and batch size."""
+        suffix = "" if self.batch_size == 1 else f"_b{self.batch_size}"
+        return f"bench_{self.workload}{suffix}"
+
+
+def spec_for(method: str, max_draft_len: int):
+    """The engine spec of a jaxspec method other than the oracle."""
+    name = {"plain": "none"}.get(method, method)
+    return engine_lib.spec_from_name(name, None if method == "auto" else max_draft_len)
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _summary(timed: list[runs.Run], plain: list[runs.Run], warmup: runs.Run | None) -> dict:
+    out = dict(
+        tokens_per_s=_median(r.tokens_per_s for r in timed),
+        tokens_per_s_runs=[round(r.tokens_per_s, 3) for r in timed],
+        speedup=_median(r.tokens_per_s / p.tokens_per_s for r, p in zip(timed, plain, strict=True)),
+        decode_tokens_per_s=_median(r.decode_tokens_per_s for r in timed),
+        decode_speedup=_median(
+            r.decode_tokens_per_s / p.decode_tokens_per_s for r, p in zip(timed, plain, strict=True)
+            if r.decode_tokens_per_s and p.decode_tokens_per_s),
+        generated_tokens=timed[-1].generated,
+        peak_rss_mib=max((r.peak_mib for r in timed if r.peak_mib is not None), default=None),
+        first_pass_s=None if warmup is None else warmup.wall_s,
+        compiles_warmup=None if warmup is None else warmup.compiles,
+        compiles_timed=sum(r.compiles for r in timed),
+    )
+    stats = timed[-1].stats
+    if stats is not None:
+        step_ms = _median(r.stats["mean_step_time_ms"] for r in timed)
+        draft_ms = _median(r.stats["drafting_overhead_ms_per_step"] for r in timed)
+        out.update(
+            {key: stats[key] for key in ("acceptance_rate", "mean_acceptance_length",
+                                         "acceptance_length_histogram", "per_position_acceptance",
+                                         "k_mean", "decode_steps")},
+            mean_step_time_ms=step_ms, drafting_overhead_ms_per_step=draft_ms,
+            drafting_overhead_pct=None if not step_ms or draft_ms is None
+            else 100 * draft_ms / step_ms)
+    return out
+
+
+def ratio(results: dict, numerator: str, denominator: str) -> float | None:
+    """Median over rounds of numerator's tokens/s over denominator's, None if either is absent.
+
+    Against the oracle it is the ratio of speedups: the share of the ceiling reached.
+    """
+    methods = results["methods"]
+    if numerator not in methods or denominator not in methods:
+        return None
+    if denominator == "oracle":
+        return methods[numerator]["speedup"] / methods["oracle"]["speedup"]
+    pairs = zip(methods[numerator]["tokens_per_s_runs"], methods[denominator]["tokens_per_s_runs"],
+                strict=True)
+    return _median(a / b for a, b in pairs)
+
+
+class OutputChecker:
+    """Compares outputs with their reference and reports each (method, prompt) difference once.
+
+    Args:
+      labels: display name of each method.
+      log: called with one line per new difference.
+    """
+
+    def __init__(self, labels: dict[str, str], log):
+        self.mismatches: list[dict] = []
+        self._seen = set()
+        self._labels = labels
+        self._log = log
+
+    def check(self, method: str, outputs, reference, reference_name: str, when: str):
+        for i, (got, want) in enumerate(zip(outputs, reference, strict=True)):
+            position = runs.first_mismatch(got, want)
+            if position is None or (method, i) in self._seen:
+                continue
+            self._seen.add((method, i))
+            self.mismatches.append(dict(method=method, reference=reference_name, prompt=i,
+                                        position=position, when=when))
+            self._log(f"MISMATCH: {self._labels[method]} differs from "
+                      f"{self._labels[reference_name]} on prompt {i} at generated token "
+                      f"{position} ({when})")
+
+
+def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=None,
+            progress: bool = True) -> dict:
+    """Runs every method of `cfg` on `prompts` (token ids) and summarises; see the module doc.
+
+    Args:
+      model, tokenizer: the jaxspec model; tokenizer None means no stop tokens.
+      prompts: prompt token ids.
+      cfg: methods, lengths, batch size, repeats (`cfg.workload` only labels the results).
+      hf: a `benchmarks.hf_baseline.HFModel`, or None to leave the HF methods out.
+      progress: show a progress bar on stderr.
+
+    Returns:
+      A JSON-ready dict: `methods` (per method: throughputs, speedups, acceptance metrics,
+      drafting overhead, peak RSS, compile counts), `mismatches`, and the run's settings.
+    """
+    import tqdm
+
+    methods = [m for m in cfg.methods if hf is not None or m not in HF_METHODS]
+    scheduler = runs.scheduler_for(prompts, cfg.max_new_tokens, cfg.batch_size)
+    stops = runs.stop_ids(tokenizer)
+    k = cfg.max_draft_len
+    bar = tqdm.tqdm(total=len(methods) * (1 + cfg.repeats), disable=not progress, unit="pass",
+                    desc=cfg.workload, file=sys.stderr)
+    checker = OutputChecker(LABELS, lambda line: tqdm.tqdm.write(line, file=sys.stderr))
+    warmups: dict[str, runs.Run] = {}
+    timed: dict[str, list[runs.Run]] = {m: [] for m in methods}
+    hf_prefill_s = None
+
+    def one_pass(method: str) -> runs.Run:
+        if method in HF_METHODS:
+            return runs.run_hf(hf, prompts, max_new_tokens=cfg.max_new_tokens, stops=stops,
+                               prompt_lookup_num_tokens=k if method == "hf_pld" else None,
+                               prefill_s=hf_prefill_s)
+        if method == "oracle":
+            truth = dict(zip(map(tuple, prompts), warmups["plain"].outputs, strict=True))
+            spec = oracle.OracleDrafter(k, truth)
+        else:
+            spec = spec_for(method, k)
+        return runs.run_jaxspec(model, tokenizer, prompts, spec=spec,
+                                max_new_tokens=cfg.max_new_tokens, scheduler=scheduler)
+
+    def check(method: str, run: runs.Run, when: str):
+        ref = "hf_greedy" if method == "hf_pld" and timed.get("hf_greedy") else "plain"
+        reference = timed[ref][0] if ref == "hf_greedy" else warmups["plain"]
+        checker.check(method, run.outputs, reference.outputs, ref, when)
+
+    for method in methods:
+        bar.set_description(f"{cfg.workload} warm-up {method}")
+        if method in HF_METHODS:
+            hf.generate(prompts[0], max_new_tokens=2, stop_ids=stops,
+                        prompt_lookup_num_tokens=k if method == "hf_pld" else None)
+            if hf_prefill_s is None:
+                hf_prefill_s = runs.hf_prefill_seconds(hf, prompts, stops)
+        else:
+            warmups[method] = one_pass(method)
+            check(method, warmups[method], "warm-up")
+        bar.update()
+    for round_ in range(1, cfg.repeats + 1):
+        for method in methods:
+            bar.set_description(f"{cfg.workload} round {round_}/{cfg.repeats} {method}")
+            run = one_pass(method)
+            timed[method].append(run)
+            check(method, run, f"round {round_}")
+            bar.set_postfix_str(f"{run.tokens_per_s:.1f} tok/s")
+            bar.update()
+    bar.close()
+    return dict(
+        workload=cfg.workload, config=dataclasses.asdict(cfg), num_prompts=len(prompts),
+        mean_prompt_tokens=statistics.mean(map(len, prompts)),
+        hf_threads=None if hf is None else hf.num_threads,
+        methods={m: _summary(timed[m], timed["plain"], warmups.get(m)) for m in methods},
+        mismatches=checker.mismatches)
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def goal_lines(results: dict) -> list[str]:
+    """The issue's goals that apply to this workload, met or not."""
+    lines = []
+    for num, den, minimum in GOALS.get(results["workload"], ()):
+        value = ratio(results, num, den)
+        if value is not None:
+            verdict = "met" if value >= minimum else "not met"
+            lines.append(f"- {LABELS[num]} / {LABELS[den]}: {value:.3f} "
+                         f"(goal >= {minimum}: {verdict})")
+    for method in ("sa", "auto"):
+        pct = results["methods"].get(method, {}).get("drafting_overhead_pct")
+        if pct is not None:
+            verdict = "met" if pct < MAX_DRAFTING_OVERHEAD_PCT else "not met"
+            lines.append(f"- {LABELS[method]} drafting overhead: {pct:.2f}% of step time "
+                         f"(goal < {MAX_DRAFTING_OVERHEAD_PCT}%: {verdict})")
+    return lines
+
+
+def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
+    """The results as a BENCHMARKS.md section."""
+    cfg = results["config"]
+    methods = results["methods"]
+    oracle_speedup = methods.get("oracle", {}).get("speedup")
+    hf = (f" HF runs on torch CPU with {results['hf_threads']} threads."
+          if results["hf_threads"] else "")
+    lines = [
+        f"## Workload `{results['workload']}`: batch {cfg['batch_size']}, "
+        f"{results['num_prompts']} prompts, {cfg['max_new_tokens']} new tokens, "
+        f"K={cfg['max_draft_len']}",
+        "",
+        f"Prompts of {results['mean_prompt_tokens']:.0f} tokens on average (chat template "
+        f"included). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
+        "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
+        "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
+        "speedup. Peak RSS is the whole process (every model loaded)." + hf,
+        "",
+        "| method | tok/s | speedup | decode tok/s | decode speedup | acceptance rate "
+        "| mean acceptance length | drafting ms/step (% of step) | step ms | % of oracle "
+        "| peak RSS MiB | compiles warm-up / timed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for method, m in methods.items():
+        overhead = (f"{m['drafting_overhead_ms_per_step']:.3f} "
+                    f"({_fmt(m['drafting_overhead_pct'], '.2f', '%')})"
+                    if m.get("drafting_overhead_ms_per_step") is not None else "–")
+        of_oracle = (_fmt(100 * m["speedup"] / oracle_speedup, ".0f", "%")
+                     if oracle_speedup and method in ("sa", "ngram", "auto") else "–")
+        compiles = ("–" if m["compiles_warmup"] is None
+                    else f"{m['compiles_warmup']} / {m['compiles_timed']}")
+        lines.append(
+            f"| {LABELS[method]} | {_fmt(m['tokens_per_s'])} | {_fmt(m['speedup'], '.2f', 'x')} "
+            f"| {_fmt(m['decode_tokens_per_s'])} | {_fmt(m['decode_speedup'], '.2f', 'x')} "
+            f"| {_fmt(m.get('acceptance_rate'), '.3f')} "
+            f"| {_fmt(m.get('mean_acceptance_length'), '.2f')} | {overhead} "
+            f"| {_fmt(m.get('mean_step_time_ms'), '.1f')} | {of_oracle} "
+            f"| {_fmt(m['peak_rss_mib'], '.0f')} | {compiles} |")
+    goals = goal_lines(results)
+    if goals:
+        lines += ["", "Goals (issue 6):", *goals]
+    lines.append("")
+    if results["mismatches"]:
+        lines.append("**Token mismatches** (method vs reference, prompt, first differing token):")
+        lines += [f"- {LABELS[x['method']]} vs {LABELS[x['reference']]}: prompt {x['prompt']}, "
+                  f"token {x['position']} ({x['when']})" for x in results["mismatches"]]
+    else:
+        lines.append("Every output is token-identical to jaxspec plain (HF prompt lookup to HF "
+                     "greedy).")
+    for note in results.get("skipped", ()):
+        lines.append(f"\n{note}.")
+    if plot is not None:
+        rel = os.path.relpath(plot, report.BENCHMARKS_MD.parent)
+        lines += ["", f"![acceptance-length histograms, {results['workload']}]({rel})"]
+    return "\n".join(lines)
+
+
+def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
+          log=print) -> dict:
+    """Loads SmolLM2, the workload and (if wanted and installed) HF, then `compare`s.
+
+    Raises:
+      WorkloadUnavailable: the workload's data package is missing.
+    """
+    from jaxspec import models
+
+    start = time.perf_counter()
+    conversations = workloads.load(cfg.workload, cfg.n)
+    model, tokenizer = models.load(None)
+    prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
+                                      max_new_tokens=cfg.max_new_tokens,
+                                      batch_size=max(cfg.batch_size, 4))
+    hf, skipped = None, []
+    if any(m in HF_METHODS for m in cfg.methods):
+        reason = ("HF baseline skipped: --no-hf" if not use_hf
+                  else "HF baseline skipped: HF prompt lookup runs at batch 1 only"
+                  if cfg.batch_size != 1 else hf_baseline.unavailable_reason())
+        if reason:
+            skipped.append(reason)
+            log(reason)
+        else:
+            hf = hf_baseline.HFModel.load()
+    results = compare(model, tokenizer, prompts, cfg, hf=hf, progress=progress)
+    results.update(skipped=skipped, elapsed_s=time.perf_counter() - start)
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxspec bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", default="code_editing", choices=list(workloads.WORKLOADS))
+    parser.add_argument("--n", type=int, default=4, help="conversations from the workload")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-draft-len", type=int, default=engine_lib.DEFAULT_DRAFT_LEN)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"comma-separated subset of {','.join(METHODS)} (plain always runs)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as JSON on stdout (the table goes to stderr)")
+    parser.add_argument("--plots", type=pathlib.Path, default=None,
+                        help="write the acceptance-length histogram PNG into this folder")
+    parser.add_argument("--no-hf", action="store_true", help="leave the HF baseline out")
+    parser.add_argument("--write", action="store_true",
+                        help="update this workload's section of BENCHMARKS.md")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    args = _parser().parse_args(argv)
+    cfg = BenchConfig(workload=args.workload, n=args.n, batch_size=args.batch_size,
+                      max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
+                      repeats=args.repeats, methods=tuple(args.methods.split(",")))
+    out = sys.stderr if args.json else sys.stdout
+    command = "python -m benchmarks.harness " + " ".join(argv)
+    try:
+        results = bench(cfg, use_hf=not args.no_hf, progress=not args.no_progress,
+                        log=lambda line: print(line, file=sys.stderr))
+    except workloads.WorkloadUnavailable as e:
+        print(f"workload {cfg.workload} skipped: {e}", file=sys.stderr)
+        if args.write:
+            report.write_section(cfg.section, f"## Workload `{cfg.workload}`\n\nSkipped: {e}",
+                                 command=command)
+        return 0
+    plot = None
+    if args.plots is not None:
+        from benchmarks import plots
+
+        histograms = {LABELS[m]: r.get("acceptance_length_histogram")
+                      for m, r in results["methods"].items() if m != "plain"}
+        plot = plots.acceptance_histograms(
+            histograms, args.plots / f"{cfg.section}_acceptance.png",
+            title=f"{cfg.workload}, batch {cfg.batch_size}, K={cfg.max_draft_len}")
+    text = markdown(results, plot=plot)
+    print(text, file=out)
+    print(f"\n[{results['elapsed_s']:.0f} s; numbers from a shared machine are noisy]", file=out)
+    if args.json:
+        print(json.dumps(results))
+    if args.write:
+        report.write_section(cfg.section, text, command=command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

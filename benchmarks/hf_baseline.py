@@ -1,0 +1,87 @@
+"""The external baseline: Hugging Face transformers on torch CPU, same GGUF, same token ids.
+
+transformers loads the SmolLM2 GGUF itself (dequantized to fp32 `nn.Linear`s; it needs
+`accelerate`). Its tokenizer for this GGUF differs from ours where whitespace precedes a digit, so
+it is never used: both engines get the same prompt token ids, and outputs are compared as ids.
+`prompt_lookup_num_tokens=K` is HF's prompt lookup decoding (batch 1 only), the peer jaxspec's
+drafters are measured against.
+
+torch, transformers and accelerate come with the `bench` extra; `unavailable_reason()` says what
+is missing so callers can skip the baseline with that message.
+"""
+
+import importlib.util
+import os
+import pathlib
+from collections.abc import Collection, Sequence
+
+INSTALL = "pip install -e '.[bench]'"
+REQUIRED = ("torch", "transformers", "accelerate")
+
+
+def unavailable_reason() -> str | None:
+    """None when the baseline can run, else which package is missing and how to install it."""
+    missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"HF baseline skipped: {', '.join(missing)} not installed ({INSTALL})"
+    return None
+
+
+class HFModel:
+    """Greedy generation with a transformers causal LM on token ids.
+
+    Args:
+      model: a transformers `PreTrainedModel` with `generate`, in eval mode.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "HFModel":
+        """transformers' own load of a GGUF file (None = the embedded SmolLM2), offline, fp32."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        import transformers
+
+        if path is None:
+            from jaxspec import models
+
+            path = models.default_gguf_path()
+        path = pathlib.Path(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        return cls(model.eval())
+
+    @property
+    def num_threads(self) -> int:
+        import torch
+
+        return torch.get_num_threads()
+
+    def generate(self, prompt: Sequence[int], *, max_new_tokens: int, stop_ids: Collection[int],
+                 prompt_lookup_num_tokens: int | None = None) -> list[int]:
+        """Greedy continuation of `prompt`: new token ids, the stop token included if one ended it.
+
+        Args:
+          prompt: token ids.
+          max_new_tokens: tokens to generate at most.
+          stop_ids: ids that end generation (empty: run to `max_new_tokens`).
+          prompt_lookup_num_tokens: K for prompt lookup decoding, or None for plain greedy.
+        """
+        import torch
+        import transformers
+
+        if not prompt:
+            raise ValueError("prompt is empty")
+        config = transformers.GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=sorted(stop_ids) or None,
+            # generate() wants a pad id for its bookkeeping; batch 1 never pads.
+            pad_token_id=min(stop_ids) if stop_ids else 0,
+            prompt_lookup_num_tokens=prompt_lookup_num_tokens)
+        ids = torch.tensor([list(prompt)], dtype=torch.long)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=config)
+        return out[0, len(prompt):].tolist()

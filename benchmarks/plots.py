@@ -1,0 +1,90 @@
+"""PNG plots of benchmark results (matplotlib, from the `bench` extra, drawn off-screen).
+
+* `acceptance_histograms`: for each speculating method, the share of verify steps that committed
+  1, 2, ..., K+1 tokens (1 = every draft rejected, only the bonus token).
+* `throughput_vs_batch`: tokens/s of each method against the batch size, from the sweep.
+"""
+
+import pathlib
+from collections.abc import Mapping, Sequence
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on benchmark machines
+    from matplotlib import pyplot
+
+    return pyplot
+
+
+def acceptance_histograms(histograms: Mapping[str, Mapping[str, int]], path: pathlib.Path,
+                          *, title: str) -> pathlib.Path:
+    """One bar chart per method of its acceptance-length histogram, side by side.
+
+    Args:
+      histograms: ``{method: {str(acceptance length): verify steps}}`` (the engine's
+        `acceptance_length_histogram`); methods with an empty histogram are left out.
+      path: the PNG to write.
+      title: the figure's title.
+
+    Raises:
+      ValueError: no method has a histogram.
+    """
+    histograms = {m: h for m, h in histograms.items() if h}
+    if not histograms:
+        raise ValueError("no acceptance-length histogram to plot")
+    plt = _pyplot()
+    longest = max(int(length) for h in histograms.values() for length in h)
+    fig, axes = plt.subplots(1, len(histograms), figsize=(3.2 * len(histograms), 3),
+                             sharey=True, squeeze=False)
+    for ax, (method, hist) in zip(axes[0], histograms.items(), strict=True):
+        total = sum(hist.values())
+        lengths = range(1, longest + 1)
+        ax.bar(lengths, [hist.get(str(n), 0) / total for n in lengths], color="tab:blue")
+        ax.set_title(method)
+        ax.set_xlabel("tokens committed per step")
+        ax.set_xticks(list(lengths))
+    axes[0][0].set_ylabel("share of verify steps")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def throughput_vs_batch(batch_sizes: Sequence[int], tokens_per_s: Mapping[str, Sequence[float]],
+                        path: pathlib.Path, *, title: str,
+                        ylabel: str = "tokens/s") -> pathlib.Path:
+    """Throughput against batch size, one line per method (log-2 batch axis).
+
+    Args:
+      batch_sizes: the x values.
+      tokens_per_s: ``{method: one value per batch size}``.
+      path: the PNG to write.
+      title: the figure's title.
+      ylabel: what the values are.
+
+    Raises:
+      ValueError: a method's values do not match the batch sizes one to one.
+    """
+    for method, values in tokens_per_s.items():
+        if len(values) != len(batch_sizes):
+            raise ValueError(f"{method}: {len(values)} values for {len(batch_sizes)} batch sizes")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, values in tokens_per_s.items():
+        ax.plot(batch_sizes, values, marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,189 @@
+"""`make bench`: every benchmark, each writing its own section of BENCHMARKS.md.
+
+    python -m benchmarks.run_all                      # the defaults: well under an hour on 2 cores
+    python -m benchmarks.run_all --dry-run            # the plan and its time estimate only
+    python -m benchmarks.run_all --n 4 --max-new-tokens 128 --sweep-batch-sizes 1,2,4,8,16,32
+
+Steps, each in its own process (a crash or a memory peak stays inside its step; jax settings do
+not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, jaxspec
+vs HF greedy, the harness on every workload, and the batch sweep. Plots land in
+benchmarks/plots/. The estimate is a cost model fitted on a shared 2-core machine (x86-64, JAX on
+CPU); it is printed before the run with each step's actual time next to it.
+"""
+
+import argparse
+import dataclasses
+import pathlib
+import subprocess
+import sys
+import time
+
+from benchmarks import workloads
+
+WORKLOADS = ("code_editing", "document_qa", "humaneval", "mtbench_turn1", "mtbench",
+             "translation")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PLOTS = ROOT / "benchmarks" / "plots"
+DEFAULT_N = 2
+# document_qa prompts are ~1,300 tokens, 3-8x the others: fewer of them keeps prefill in check.
+N_OVERRIDES = {"document_qa": 1}
+# Cost model (seconds) of a quiet 2-core x86-64 machine; see the module doc.
+CHARS_PER_TOKEN = 4.0
+TEMPLATE_TOKENS = 30            # SmolLM2's chat template around a user turn
+PREFILL_TOKENS_PER_S = 200.0    # jaxspec and HF alike, batch 1
+DECODE_TOKENS_PER_S = 10.0      # plain decoding, batch 1 (jaxspec ~87 ms/step, HF ~77 ms/token)
+SPEC_SPEEDUP = 1.5              # typical decode speedup of the speculating methods
+COMPILE_S_PER_METHOD = 10.0
+LOAD_S = 20.0                   # SmolLM2 for jaxspec + transformers' GGUF load
+CONVERT_S = 10.0                # jaxspec's first load of the GGUF: dequantize, write its cache
+FIXED_STEP_S = {"host_overhead": 45.0, "sa_overhead": 180.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]
+    estimate_s: float
+
+
+def _pass_s(prompt_tokens: float, n: int, tokens: int, speedup: float = 1.0) -> float:
+    return n * (prompt_tokens / PREFILL_TOKENS_PER_S + tokens / (DECODE_TOKENS_PER_S * speedup))
+
+
+def _prompt_tokens(workload: str, n: int, tokens: int) -> float:
+    conversations = workloads.load(workload, n)
+    chars = sum(len("".join(c.turns)) for c in conversations) / len(conversations)
+    turns = len(conversations[0].turns)
+    return chars / CHARS_PER_TOKEN + turns * TEMPLATE_TOKENS + (turns - 1) * tokens
+
+
+def harness_estimate(workload: str, n: int, tokens: int, repeats: int) -> float:
+    """Seconds for the harness on one workload with every method (5 jaxspec + 2 HF)."""
+    try:
+        prompt = _prompt_tokens(workload, n, tokens)
+        turns = len(workloads.load(workload, 1)[0].turns)
+    except workloads.WorkloadUnavailable:
+        return 0.0
+    earlier_turns = (turns - 1) * _pass_s(prompt / 2, n, tokens)
+    plain = _pass_s(prompt, n, tokens)
+    spec = _pass_s(prompt, n, tokens, SPEC_SPEEDUP)
+    jax = (1 + repeats) * (plain + 4 * spec) + 5 * COMPILE_S_PER_METHOD
+    hf = repeats * (plain + spec) + n * prompt / PREFILL_TOKENS_PER_S
+    return LOAD_S + earlier_turns + jax + hf
+
+
+def plain_vs_hf_estimate(tokens: int, repeats: int) -> float:
+    """Seconds for jaxspec vs HF greedy: two child-process loads (one converting the GGUF),
+    then a first pass and the rounds on each side."""
+    one = _pass_s(_prompt_tokens("code_editing", 1, 0), 1, tokens)
+    return 2 * LOAD_S + CONVERT_S + COMPILE_S_PER_METHOD + 2 * (1 + repeats) * one
+
+
+def sweep_estimate(workload: str, batch_sizes: list[int], tokens: int, repeats: int) -> float:
+    """Seconds for the sweep: 4 methods per batch size; a batch's steps cost like batch 1's up to
+    a few rows, then grow with the rows (CPU matmuls become compute-bound)."""
+    try:
+        prompt = _prompt_tokens(workload, max(batch_sizes), tokens)
+    except workloads.WorkloadUnavailable:
+        return 0.0
+    total = LOAD_S
+    for b in batch_sizes:
+        step_cost = max(1.0, b / 4)
+        one = b * prompt / PREFILL_TOKENS_PER_S + step_cost * tokens / DECODE_TOKENS_PER_S
+        total += 4 * ((1 + repeats) * one + COMPILE_S_PER_METHOD)
+    return total
+
+
+def plan(args) -> list[Step]:
+    py = ("-m",)
+    plain_repeats = max(3, args.repeats)  # issue 2 asks for a median of at least 3
+    common = ("--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
+              "--write", "--plots", str(args.plots), "--no-progress")
+    steps = [
+        Step("host_overhead", py + ("benchmarks.host_overhead",), FIXED_STEP_S["host_overhead"]),
+        Step("sa_overhead", py + ("benchmarks.sa_overhead",), FIXED_STEP_S["sa_overhead"]),
+        Step("plain_vs_hf", py + ("benchmarks.plain_vs_hf", "--max-new-tokens",
+                                  str(args.max_new_tokens), "--repeats", str(plain_repeats),
+                                  "--write"),
+             plain_vs_hf_estimate(args.max_new_tokens, plain_repeats)),
+    ]
+    for workload in args.workloads.split(","):
+        n = args.n if args.n is not None else N_OVERRIDES.get(workload, DEFAULT_N)
+        steps.append(Step(f"harness:{workload}",
+                          py + ("benchmarks.harness", "--workload", workload, "--n", str(n))
+                          + common,
+                          harness_estimate(workload, n, args.max_new_tokens, args.repeats)))
+    batch_sizes = [int(b) for b in args.sweep_batch_sizes.split(",")]
+    steps.append(Step("sweep", py + (
+        "benchmarks.sweep", "--workload", args.sweep_workload, "--batch-sizes",
+        args.sweep_batch_sizes, "--max-new-tokens", str(args.sweep_max_new_tokens), "--repeats",
+        str(args.repeats), "--write", "--plots", str(args.plots), "--no-progress"),
+        sweep_estimate(args.sweep_workload, batch_sizes, args.sweep_max_new_tokens,
+                       args.repeats)))
+    return steps
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run_all",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=None,
+                        help=f"prompts per workload (default {DEFAULT_N}, {N_OVERRIDES})")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--sweep-workload", default="humaneval")
+    parser.add_argument("--sweep-batch-sizes", default="1,2,4,8")
+    parser.add_argument("--sweep-max-new-tokens", type=int, default=32)
+    parser.add_argument("--plots", type=pathlib.Path, default=PLOTS)
+    parser.add_argument("--skip", default="",
+                        help="comma-separated step names to leave out, as the plan prints them "
+                             "(e.g. sa_overhead,harness:document_qa,sweep)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
+    return parser
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[Step]]:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    steps = plan(args)
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - {s.name for s in steps}
+    if unknown:
+        parser.error(f"--skip names no step: {sorted(unknown)}")
+    return args, [s for s in steps if s.name not in skip]
+
+
+def plan_from(argv: list[str]) -> list[Step]:
+    """The steps `argv` asks for, without running them (argparse exits on bad arguments)."""
+    return _parse(argv)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, steps = _parse(list(sys.argv[1:] if argv is None else argv))
+    total = sum(s.estimate_s for s in steps)
+    print(f"{len(steps)} steps, estimated {_minutes(total)} on 2 quiet CPU cores:")
+    for s in steps:
+        print(f"  {s.name:<24} ~{_minutes(s.estimate_s):>9}   python {' '.join(s.argv)}")
+    if args.dry_run:
+        return 0
+    start, failed = time.perf_counter(), []
+    for s in steps:
+        print(f"\n=== {s.name} (estimated {_minutes(s.estimate_s)}) ===", flush=True)
+        step_start = time.perf_counter()
+        code = subprocess.run([sys.executable, *s.argv], cwd=ROOT).returncode
+        took = time.perf_counter() - step_start
+        print(f"=== {s.name}: {'ok' if code == 0 else f'FAILED (exit {code})'}, "
+              f"{_minutes(took)} (estimated {_minutes(s.estimate_s)}) ===", flush=True)
+        if code:
+            failed.append(s.name)
+    print(f"\nall steps: {_minutes(time.perf_counter() - start)} "
+          f"(estimated {_minutes(total)})" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Batch sweep: the suffix automaton with a draft-length schedule, with a fixed K, and not at all.
+
+    python -m benchmarks.sweep --workload humaneval --batch-sizes 1,2,4,8,16,32 --max-new-tokens 64
+    jaxspec bench sweep --batch-sizes 1,2,4 --plots benchmarks/plots --write
+
+At batch size B the first B prompts of the workload run as one batch (the engine's
+max_batch_size is B), once with each method:
+  off        no speculation
+  fixed      suffix automaton, K = --max-draft-len at every batch size
+  schedule   suffix automaton, K from --schedule: verifying extra positions is nearly free while a
+             step is memory-bound (small batches) and costs real compute once it is not
+  auto       jaxspec's AUTO choice for max_batch_size B
+The protocol is the harness's: an untimed warm-up pass per method, then rounds running every
+method once, medians over rounds, every output compared with `off` token by token.
+
+The check (issue 6): at every batch size the schedule's throughput is within 5% of the best of
+{fixed, off}, and so is AUTO's. It compares decode tokens/s (prefill left out; `benchmarks.runs`),
+because prefill is the same work for every method and only dilutes the difference.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+from benchmarks import chat_prompts
+from benchmarks import harness
+from benchmarks import report
+from benchmarks import runs
+from benchmarks import workloads
+from jaxspec import config as config_lib
+from jaxspec import engine as engine_lib
+
+SECTION = "batch_sweep"
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+METHODS = ("off", "fixed", "schedule", "auto")
+LABELS = {"off": "off", "fixed": "fixed K", "schedule": "schedule", "auto": "AUTO"}
+DEFAULT_SCHEDULE = "4:5,8:3,16:2,32:1"
+TOLERANCE = 0.05
+
+
+def parse_schedule(text: str) -> dict[int, int]:
+    """``"4:5,8:3"`` -> ``{4: 5, 8: 3}`` (batch size: K).
+
+    Raises:
+      ValueError: an entry is not ``int:int``.
+    """
+    schedule = {}
+    for entry in text.split(","):
+        try:
+            batch, k = entry.split(":")
+            schedule[int(batch)] = int(k)
+        except ValueError:
+            raise ValueError(f"schedule entries are batch:K, got {entry!r} in {text!r}") from None
+    return schedule
+
+
+def spec_for(method: str, max_draft_len: int, schedule: dict[int, int]):
+    if method == "off":
+        return None
+    if method == "auto":
+        return config_lib.AutoConfig()
+    return config_lib.SAConfig(max_draft_len=max_draft_len,
+                               draft_len_schedule=schedule if method == "schedule" else None)
+
+
+def _one_batch_size(model, tokenizer, prompts, *, batch_size: int, max_new_tokens: int,
+                    max_draft_len: int, schedule: dict[int, int], repeats: int, bar,
+                    checker: harness.OutputChecker) -> dict:
+    scheduler = runs.scheduler_for(prompts, max_new_tokens, batch_size)
+    specs = {m: spec_for(m, max_draft_len, schedule) for m in METHODS}
+
+    def one_pass(method: str) -> runs.Run:
+        return runs.run_jaxspec(model, tokenizer, prompts, spec=specs[method],
+                                max_new_tokens=max_new_tokens, scheduler=scheduler)
+
+    reference = None
+    timed = {m: [] for m in METHODS}
+    for round_ in range(repeats + 1):
+        when = "warm-up" if round_ == 0 else f"round {round_}"
+        for method in METHODS:
+            bar.set_description(f"batch {batch_size} {when} {method}")
+            run = one_pass(method)
+            reference = reference or run
+            checker.check(method, run.outputs, reference.outputs, "off", f"batch {batch_size}, "
+                          f"{when}")
+            if round_:
+                timed[method].append(run)
+            bar.update()
+    row = {"batch_size": batch_size, "methods": {}}
+    for method, passes in timed.items():
+        stats = passes[-1].stats
+        row["methods"][method] = dict(
+            tokens_per_s=statistics.median(r.tokens_per_s for r in passes),
+            decode_tokens_per_s=statistics.median(r.decode_tokens_per_s for r in passes),
+            k_mean=stats["k_mean"], acceptance_rate=stats["acceptance_rate"],
+            mean_acceptance_length=stats["mean_acceptance_length"])
+    decode = {m: r["decode_tokens_per_s"] for m, r in row["methods"].items()}
+    best = max(decode["fixed"], decode["off"])
+    for method in ("schedule", "auto"):
+        row[f"{method}_vs_best"] = decode[method] / best
+        row[f"{method}_ok"] = decode[method] >= (1 - TOLERANCE) * best
+    return row
+
+
+def sweep(model, tokenizer, prompts: list[list[int]], *, batch_sizes=BATCH_SIZES,
+          max_new_tokens: int = 64, max_draft_len: int = engine_lib.DEFAULT_DRAFT_LEN,
+          schedule: dict[int, int] | None = None, repeats: int = 3,
+          progress: bool = True) -> dict:
+    """Every method at every batch size; batch size B runs `prompts[:B]` (see the module doc).
+
+    Raises:
+      ValueError: fewer prompts than the largest batch size, or a bad size or schedule.
+    """
+    import tqdm
+
+    schedule = parse_schedule(DEFAULT_SCHEDULE) if schedule is None else schedule
+    config_lib.SAConfig(max_draft_len=max_draft_len, draft_len_schedule=schedule)  # validates
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"batch sizes must be >= 1, got {batch_sizes}")
+    if len(prompts) < max(batch_sizes):
+        raise ValueError(f"batch size {max(batch_sizes)} needs {max(batch_sizes)} prompts, "
+                         f"got {len(prompts)}")
+    bar = tqdm.tqdm(total=len(batch_sizes) * len(METHODS) * (1 + repeats), unit="pass",
+                    disable=not progress, file=sys.stderr)
+    checker = harness.OutputChecker(LABELS, lambda line: tqdm.tqdm.write(line, file=sys.stderr))
+    rows = [_one_batch_size(model, tokenizer, prompts[:b], batch_size=b,
+                            max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+                            schedule=schedule, repeats=repeats, bar=bar, checker=checker)
+            for b in batch_sizes]
+    bar.close()
+    return dict(batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens,
+                max_draft_len=max_draft_len, schedule=schedule, repeats=repeats, rows=rows,
+                mismatches=checker.mismatches)
+
+
+def _cell(method: dict) -> str:
+    return f"{method['decode_tokens_per_s']:.2f} ({method['tokens_per_s']:.2f})"
+
+
+def _verdict(row: dict, method: str) -> str:
+    return f"{row[method + '_vs_best']:.3f} {'ok' if row[method + '_ok'] else 'MISSED'}"
+
+
+def markdown(results: dict, *, workload: str, plot: pathlib.Path | None = None) -> str:
+    schedule = ", ".join(f"{b}: {k}" for b, k in sorted(results["schedule"].items()))
+    lines = [
+        f"## Batch sweep: schedule vs fixed K vs off (`{workload}`)",
+        "",
+        f"Suffix automaton with K={results['max_draft_len']} fixed, with the schedule "
+        f"{{{schedule}}}, AUTO, and no speculation; batch B runs the workload's first B prompts "
+        f"as one batch, {results['max_new_tokens']} new tokens each. Cells: decode tok/s "
+        f"(prefill left out) and, in brackets, tok/s with prefill; medians of "
+        f"{results['repeats']} rounds. *K* is the mean draft length per step. The goal: "
+        f"schedule and AUTO within {TOLERANCE:.0%} of the best of {{fixed K, off}} (decode "
+        "tok/s).",
+        "",
+        "| batch | off | fixed K | schedule | schedule K | AUTO | AUTO K "
+        "| schedule / best | AUTO / best |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in results["rows"]:
+        m = row["methods"]
+        lines.append(
+            f"| {row['batch_size']} | {_cell(m['off'])} | {_cell(m['fixed'])} "
+            f"| {_cell(m['schedule'])} | {m['schedule']['k_mean']:.2f} | {_cell(m['auto'])} "
+            f"| {m['auto']['k_mean']:.2f} | {_verdict(row, 'schedule')} "
+            f"| {_verdict(row, 'auto')} |")
+    met = all(row["schedule_ok"] for row in results["rows"])
+    lines += ["", f"Schedule within {TOLERANCE:.0%} of the best at every batch size: "
+              f"{'yes' if met else 'no'}."]
+    if results["mismatches"]:
+        lines.append("**Token mismatches** against `off`: " + "; ".join(
+            f"{x['method']} prompt {x['prompt']} token {x['position']} ({x['when']})"
+            for x in results["mismatches"]))
+    else:
+        lines.append("Every output is token-identical to `off`.")
+    if plot is not None:
+        lines += ["", f"![decode throughput vs batch size]"
+                  f"({os.path.relpath(plot, report.BENCHMARKS_MD.parent)})"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sweep",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", default="humaneval", choices=list(workloads.WORKLOADS))
+    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-draft-len", type=int, default=engine_lib.DEFAULT_DRAFT_LEN)
+    parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, help="batch:K,... for 'schedule'")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plots", type=pathlib.Path, default=None,
+                        help="write the throughput-vs-batch PNG into this folder")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    from jaxspec import models
+
+    start = time.perf_counter()
+    batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+    try:
+        conversations = workloads.load(args.workload, max(batch_sizes))
+    except workloads.WorkloadUnavailable as e:
+        print(f"sweep skipped: {e}", file=sys.stderr)
+        return 0
+    model, tokenizer = models.load(None)
+    prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
+                                      max_new_tokens=args.max_new_tokens)
+    results = sweep(model, tokenizer, prompts, batch_sizes=batch_sizes,
+                    max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
+                    schedule=parse_schedule(args.schedule), repeats=args.repeats,
+                    progress=not args.no_progress)
+    plot = None
+    if args.plots is not None:
+        from benchmarks import plots
+
+        plot = plots.throughput_vs_batch(
+            batch_sizes, {LABELS[m]: [row["methods"][m]["decode_tokens_per_s"]
+                                      for row in results["rows"]] for m in METHODS},
+            args.plots / f"{SECTION}.png", title=f"{args.workload}: decode throughput",
+            ylabel="decode tokens/s")
+    text = markdown(results, workload=args.workload, plot=plot)
+    out = sys.stderr if args.json else sys.stdout
+    print(text, file=out)
+    print(f"\n[{time.perf_counter() - start:.0f} s; numbers from a shared machine are noisy]",
+          file=out)
+    if args.json:
+        print(json.dumps(results))
+    if args.write:
+        report.write_section(SECTION, text, command="python -m benchmarks.sweep " + " ".join(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

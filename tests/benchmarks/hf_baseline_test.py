@@ -1,0 +1,46 @@
+"""The HF baseline on a tiny random transformers Llama: prompt lookup is lossless, stops stop."""
+
+import pytest
+
+from benchmarks import hf_baseline
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, bos_token_id=None, eos_token_id=None)
+    return hf_baseline.HFModel(transformers.LlamaForCausalLM(cfg).eval())
+
+
+PROMPT = [1, 2, 3, 4, 5, 6] * 3
+
+
+def test_unavailable_reason_names_what_is_missing(monkeypatch):
+    real = hf_baseline.importlib.util.find_spec
+    monkeypatch.setattr(hf_baseline.importlib.util, "find_spec",
+                        lambda name: None if name == "accelerate" else real(name))
+    reason = hf_baseline.unavailable_reason()
+    assert "accelerate" in reason and "torch" not in reason and hf_baseline.INSTALL in reason
+
+
+def test_prompt_lookup_matches_greedy(hf):
+    greedy = hf.generate(PROMPT, max_new_tokens=20, stop_ids=())
+    assert len(greedy) == 20
+    assert hf.generate(PROMPT, max_new_tokens=20, stop_ids=(), prompt_lookup_num_tokens=4) == greedy
+
+
+def test_stop_token_ends_generation_and_is_kept(hf):
+    greedy = hf.generate(PROMPT, max_new_tokens=20, stop_ids=())
+    stop = greedy[5]
+    out = hf.generate(PROMPT, max_new_tokens=20, stop_ids=(stop,))
+    assert out == greedy[:greedy.index(stop) + 1]
+
+
+def test_empty_prompt(hf):
+    with pytest.raises(ValueError, match="empty"):
+        hf.generate([], max_new_tokens=2, stop_ids=())

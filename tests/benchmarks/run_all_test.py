@@ -1,0 +1,32 @@
+"""`make bench`'s plan: every benchmark, each writing its section, with a time estimate."""
+
+import pytest
+
+from benchmarks import run_all
+
+
+def test_default_plan(capsys):
+    assert run_all.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    steps = run_all.plan_from([])
+    names = [s.name for s in steps]
+    assert names == ["host_overhead", "sa_overhead", "plain_vs_hf",
+                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep"]
+    for s in steps[2:]:
+        assert "--write" in s.argv
+        assert s.name in out
+    doc_qa = steps[names.index("harness:document_qa")]
+    assert doc_qa.argv[doc_qa.argv.index("--n") + 1] == "1"
+    total = sum(s.estimate_s for s in steps)
+    assert 0 < total < 60 * 60
+    assert f"estimated {total / 60:.1f} min" in out
+
+
+def test_skip_and_overrides():
+    steps = run_all.plan_from(["--skip", "sa_overhead,harness:mtbench", "--n", "3",
+                               "--workloads", "mtbench,humaneval"])
+    assert [s.name for s in steps] == ["host_overhead", "plain_vs_hf", "harness:humaneval",
+                                       "sweep"]
+    assert steps[2].argv[steps[2].argv.index("--n") + 1] == "3"
+    with pytest.raises(SystemExit):
+        run_all.plan_from(["--skip", "nonsense"])
