@@ -30,63 +30,67 @@ _INT32_ELEMENTS = 2**31  # Triton computes element offsets in int32.
 STATE_FIELDS = tuple(sa_state.SAState.__dataclass_fields__)
 
 
+LEN, LINK, FIRSTPOS, EDGE_HEAD = sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS, sa_state.EDGE_HEAD
+SOURCE, TOKEN, TARGET, NEXT = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET, sa_state.NEXT
+
+
 class SlotRefs:
-    """Scalar accessors for one slot of the aliased state refs inside a kernel."""
+    """Scalar access to one slot of the state refs inside a kernel: `sa["states", s, LEN]`,
+    `sa["text", i]`, `sa["last"]`."""
 
     def __init__(self, refs, slot, table_size: int):
         self.refs = dict(zip(STATE_FIELDS, refs, strict=True))
         self.slot = slot
         self.table_size = table_size
 
+    def _ref_and_index(self, key):
+        name, *index = (key,) if isinstance(key, str) else key
+        return self.refs[name], (self.slot, *index)
+
     def __getitem__(self, key):
-        name, index = key
-        if index is None:
-            return self.refs[name][self.slot]
-        return self.refs[name][self.slot, index]
+        ref, index = self._ref_and_index(key)
+        return ref[index]
 
     def __setitem__(self, key, value):
-        name, index = key
-        if index is None:
-            self.refs[name][self.slot] = value
-        else:
-            self.refs[name][self.slot, index] = value
+        ref, index = self._ref_and_index(key)
+        ref[index] = value
 
     def parent(self, s):
-        return jnp.where(s == 0, -1, self["link", jnp.maximum(s, 0)])
+        return jnp.where(s == 0, -1, self["states", jnp.maximum(s, 0), LINK])
 
     def probe(self, source, token):
         """The bucket of edge `(source, token)`, or the empty bucket where it would go."""
         def collides(bucket):
-            return ((self["table_target", bucket] != 0)
-                    & ((self["table_state", bucket] != source)
-                       | (self["table_token", bucket] != token)))
+            return ((self["edges", bucket, TARGET] != 0)
+                    & ((self["edges", bucket, SOURCE] != source)
+                       | (self["edges", bucket, TOKEN] != token)))
 
         return lax.while_loop(collides,
                               lambda bucket: sa_state.next_bucket(bucket, self.table_size),
                               sa_state.hash_bucket(source, token, self.table_size))
 
     def insert(self, bucket, source, token, target):
-        self["table_state", bucket] = source
-        self["table_token", bucket] = token
-        self["table_target", bucket] = target
-        self["table_next", bucket] = self["edge_head", source]
-        self["edge_head", source] = bucket + 1
+        self["edges", bucket, SOURCE] = source
+        self["edges", bucket, TOKEN] = token
+        self["edges", bucket, TARGET] = target
+        self["edges", bucket, NEXT] = self["states", source, EDGE_HEAD]
+        self["states", source, EDGE_HEAD] = bucket + 1
 
 
 def extend_token(sa: SlotRefs, token):
     """One online-construction step (`sa_reference.SuffixAutomaton.extend`) on a slot's refs."""
-    n = sa["text_len", None]
-    cur = jnp.maximum(sa["num_states", None], 1)
-    last = sa["last", None]
+    n = sa["text_len"]
+    cur = jnp.maximum(sa["num_states"], 1)
+    last = sa["last"]
     sa["text", n] = token
-    sa["state_len", cur] = sa["state_len", last] + 1
-    sa["firstpos", cur] = n
+    sa["states", cur, LEN] = sa["states", last, LEN] + 1
+    sa["states", cur, FIRSTPOS] = n
 
     # 1. Add `p --token--> cur` up the suffix links until some p already has a `token` edge.
     def add_edge(carry):
         p, _, _ = carry
         bucket = sa.probe(p, token)
-        missing = sa["table_target", bucket] == 0
+        missing = sa["edges", bucket, TARGET] == 0
 
         @pl.when(missing)
         def _():
@@ -97,69 +101,69 @@ def extend_token(sa: SlotRefs, token):
 
     p, bucket, _ = lax.while_loop(lambda c: c[2], add_edge, (last, jnp.int32(0), True))
     has_q = p >= 0
-    q = jnp.where(has_q, sa["table_target", bucket], 0)
-    len_p1 = sa["state_len", jnp.maximum(p, 0)] + 1
-    solid = has_q & (len_p1 == sa["state_len", q])
+    q = jnp.where(has_q, sa["edges", bucket, TARGET], 0)
+    len_p1 = sa["states", jnp.maximum(p, 0), LEN] + 1
+    solid = has_q & (len_p1 == sa["states", q, LEN])
     cloning = has_q & ~solid
     clone = cur + 1
-    sa["link", cur] = jnp.where(cloning, clone, jnp.where(solid, q, 0))
+    sa["states", cur, LINK] = jnp.where(cloning, clone, jnp.where(solid, q, 0))
 
     # 2. Clone q (same link and first occurrence, shorter, a copy of q's edges), then redirect
     # `p --token--> q` to the clone up the suffix links.
     @pl.when(cloning)
     def _():
-        sa["state_len", clone] = len_p1
-        sa["firstpos", clone] = sa["firstpos", q]
-        sa["link", clone] = sa["link", q]
-        sa["link", q] = clone
+        sa["states", clone, LEN] = len_p1
+        sa["states", clone, LINK] = sa["states", q, LINK]
+        sa["states", clone, FIRSTPOS] = sa["states", q, FIRSTPOS]
+        sa["states", q, LINK] = clone
 
         def copy_edge(edge):
             entry = edge - 1
-            edge_token = sa["table_token", entry]
-            sa.insert(sa.probe(clone, edge_token), clone, edge_token, sa["table_target", entry])
-            return sa["table_next", entry]
+            edge_token = sa["edges", entry, TOKEN]
+            sa.insert(sa.probe(clone, edge_token), clone, edge_token, sa["edges", entry, TARGET])
+            return sa["edges", entry, NEXT]
 
-        lax.while_loop(lambda edge: edge != 0, copy_edge, sa["edge_head", q])
+        lax.while_loop(lambda edge: edge != 0, copy_edge, sa["states", q, EDGE_HEAD])
 
         def redirect(carry):
             p, _ = carry
-            probed = sa.probe(p, token)
-            hit = sa["table_target", probed] == q
+            bucket = sa.probe(p, token)
+            hit = sa["edges", bucket, TARGET] == q
 
             @pl.when(hit)
             def _():
-                sa["table_target", probed] = clone
+                sa["edges", bucket, TARGET] = clone
 
             p = jnp.where(hit, sa.parent(p), p)
             return p, hit & (p >= 0)
 
         lax.while_loop(lambda c: c[1], redirect, (p, True))
 
-    sa["last", None] = cur
-    sa["num_states", None] = clone + cloning.astype(jnp.int32)
-    sa["text_len", None] = n + 1
+    sa["last"] = cur
+    sa["num_states"] = clone + cloning.astype(jnp.int32)
+    sa["text_len"] = n + 1
 
 
 def lookup(sa: SlotRefs, max_ngram_size: int):
     """`(match_len, start)` of the row's next draft (`sa_state.lookup`)."""
-    longest_state = sa["link", sa["last", None]]
-    longest = sa["state_len", longest_state]
+    longest_state = sa["states", sa["last"], LINK]
+    longest = sa["states", longest_state, LEN]
     if max_ngram_size == -1:
-        return longest, sa["firstpos", longest_state] + 1
+        return longest, sa["states", longest_state, FIRSTPOS] + 1
     match_len = jnp.minimum(longest, max_ngram_size)
-    n = sa["text_len", None]
+    n = sa["text_len"]
 
     def read(i, s):
-        return sa["table_target", sa.probe(s, sa["text", n - match_len + i])]
+        return sa["edges", sa.probe(s, sa["text", n - match_len + i]), TARGET]
 
     matched = lax.fori_loop(0, match_len, read, jnp.int32(0))
-    return match_len, sa["firstpos", matched] + 1
+    return match_len, sa["states", matched, FIRSTPOS] + 1
 
 
 def write_draft(sa: SlotRefs, row, match_len, start, draft_ref, draft_lens_ref, *,
                 draft_len: int, max_seq_len: int):
     """Writes `text[start:]` cut to `draft_len` and zero-filled into row `row`."""
-    count = jnp.where(match_len > 0, jnp.minimum(draft_len, sa["text_len", None] - start), 0)
+    count = jnp.where(match_len > 0, jnp.minimum(draft_len, sa["text_len"] - start), 0)
     for k in range(draft_len):
         token = sa["text", jnp.minimum(start + k, max_seq_len - 1)]
         draft_ref[row, k] = jnp.where(k < count, token, 0)
@@ -171,9 +175,10 @@ def _sa_extend_kernel(
     slots_ref,          # i32[B]
     accepted_ref,       # i32[B, W]
     num_accepted_ref,   # i32[B]
-    *refs,              # 12 state inputs (aliased to the outputs, unused), then the outputs:
+    *refs,              # 6 state inputs (aliased to the outputs, unused), then the outputs:
                         # [match_len i32[B], draft_tokens i32[B, K], draft_lens i32[B]] if lookup,
-                        # then the 12 SAState fields: i32[S, 2N] x4, [S, N], [S] x3, [S, T] x4
+                        # then the SAState fields: states i32[S, 2N, 4], text i32[S, N],
+                        # text_len, num_states, last i32[S], edges i32[S, T, 4]
     num_slots: int, max_seq_len: int, table_size: int, lookup_draft_len: int | None,
     max_ngram_size: int,
 ):
@@ -184,7 +189,7 @@ def _sa_extend_kernel(
     slot = slots_ref[row]
     sa = SlotRefs(outs, slot, table_size)
     # A slot at capacity drops further tokens (SAManager refuses them on the host first).
-    room = max_seq_len - sa["text_len", None]
+    room = max_seq_len - sa["text_len"]
     count = jnp.where(slot == num_slots, 0, jnp.minimum(num_accepted_ref[row], room))
 
     def extend_next(i, carry):

@@ -23,12 +23,15 @@ from jaxspec.device import sa_global
 from jaxspec.device import sa_state
 from jaxspec.pallas_kernels import sa_extend
 
+LEN, LINK, FIRSTPOS = sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS
+SOURCE, TOKEN, TARGET = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET
+
 
 def _sa_global_search_kernel(
     # inputs
     slots_ref,          # i32[B]
     active_ref,         # i32[S] 1 = searched
-    *refs,              # the 12 SAState fields (read only), then the outputs:
+    *refs,              # the SAState fields (read only), then the outputs:
                         # match_len i32[B], draft_tokens i32[B, K], draft_lens i32[B]
     num_slots: int, max_seq_len: int, table_size: int, draft_len: int, cap: int,
 ):
@@ -37,7 +40,7 @@ def _sa_global_search_kernel(
     row = pl.program_id(0)
     own_slot = slots_ref[row]
     own = sa_extend.SlotRefs(state_refs, own_slot, table_size)
-    own_len = own["text_len", None]
+    own_len = own["text_len"]
     query_len = jnp.minimum(own_len, cap)
     query_start = own_len - query_len
 
@@ -48,15 +51,16 @@ def _sa_global_search_kernel(
         def walk(carry):
             s, matched, i, bucket = carry
             token = own["text", query_start + jnp.minimum(i, query_len - 1)]
-            target = sa["table_target", bucket]
-            hit = (target != 0) & (sa["table_state", bucket] == s) & (
-                sa["table_token", bucket] == token)
+            target = sa["edges", bucket, TARGET]
+            hit = (target != 0) & (sa["edges", bucket, SOURCE] == s) & (
+                sa["edges", bucket, TOKEN] == token)
             miss = target == 0
             drop = miss & (s != 0)
             advance = hit | (miss & (s == 0))
-            s = jnp.where(hit, target, jnp.where(drop, sa["link", s], s))
+            s = jnp.where(hit, target, jnp.where(drop, sa["states", s, LINK], s))
             matched = jnp.where(hit, matched + 1,
-                                jnp.where(drop, sa["state_len", s], jnp.where(miss, 0, matched)))
+                                jnp.where(drop, sa["states", s, LEN],
+                                          jnp.where(miss, 0, matched)))
             i = i + advance.astype(jnp.int32)
             next_token = own["text", query_start + jnp.minimum(i, query_len - 1)]
             bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, next_token, table_size),
@@ -66,19 +70,19 @@ def _sa_global_search_kernel(
         first = sa_state.hash_bucket(jnp.int32(0), own["text", query_start], table_size)
         s, matched, _, _ = lax.while_loop(lambda c: c[2] < query_len, walk,
                                           (jnp.int32(0), jnp.int32(0), jnp.int32(0), first))
-        slot_len = sa["text_len", None]
+        slot_len = sa["text_len"]
 
         def stuck(carry):
             s, _ = carry
-            return (s != 0) & (sa["firstpos", s] + 1 >= slot_len)
+            return (s != 0) & (sa["states", s, FIRSTPOS] + 1 >= slot_len)
 
         def fall_back(carry):
             s, _ = carry
-            s = sa["link", s]
-            return s, sa["state_len", s]
+            s = sa["states", s, LINK]
+            return s, sa["states", s, LEN]
 
         s, matched = lax.while_loop(stuck, fall_back, (s, matched))
-        start = sa["firstpos", s] + 1
+        start = sa["states", s, FIRSTPOS] + 1
         is_own = (slot == own_slot).astype(jnp.int32)
         continuation = slot_len - start
         best_len, best_own, best_cont, best_slot, best_start = best

@@ -41,23 +41,25 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
     def token_at(i):
         return query[row, jnp.minimum(i, cap - 1)]
 
-    def get(a, index):
-        return a.at[lane_slot, index].get(mode="clip")
+    def get(a, *index):
+        return a.at[(lane_slot, *index)].get(mode="clip")
 
     # Matching statistics: after reading query[:i], `s` is the state of the longest suffix of it
     # that occurs in the lane's slot, `matched` its length. Each iteration probes one bucket.
     def walk(carry):
         s, matched, i, bucket, live = carry
         token = token_at(i)
-        target = get(state.table_target, bucket)
-        key = (get(state.table_state, bucket) == s) & (get(state.table_token, bucket) == token)
+        edge = get(state.edges, bucket)  # [P, 4]
+        target = edge[:, sa_state.TARGET]
+        key = (edge[:, sa_state.SOURCE] == s) & (edge[:, sa_state.TOKEN] == token)
         hit = live & (target != 0) & key
         miss = live & (target == 0)
         drop = miss & (s != 0)  # retry `token` from the suffix link
         advance = hit | (miss & (s == 0))
-        s = jnp.where(hit, target, jnp.where(drop, get(state.link, s), s))
+        s = jnp.where(hit, target, jnp.where(drop, get(state.states, s, sa_state.LINK), s))
         matched = jnp.where(hit, matched + 1,
-                            jnp.where(drop, get(state.state_len, s), jnp.where(miss, 0, matched)))
+                            jnp.where(drop, get(state.states, s, sa_state.LEN),
+                                      jnp.where(miss, 0, matched)))
         i = i + advance.astype(jnp.int32)
         bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, token_at(i), state.table_size),
                            jnp.where(live, sa_state.next_bucket(bucket, state.table_size),
@@ -73,18 +75,18 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
     lane_text_len = state.text_len[lane_slot]
 
     def stuck(s):
-        return (s != 0) & (get(state.firstpos, s) + 1 >= lane_text_len)
+        return (s != 0) & (get(state.states, s, sa_state.FIRSTPOS) + 1 >= lane_text_len)
 
     def fall_back(carry):
         s, matched = carry
         back = stuck(s)
-        s = jnp.where(back, get(state.link, s), s)
-        return s, jnp.where(back, get(state.state_len, s), matched)
+        s = jnp.where(back, get(state.states, s, sa_state.LINK), s)
+        return s, jnp.where(back, get(state.states, s, sa_state.LEN), matched)
 
     s, matched = lax.while_loop(lambda c: jnp.any(stuck(c[0])), fall_back, (s, matched))
 
     found = searched & (s != 0)
-    begin = get(state.firstpos, s) + 1
+    begin = get(state.states, s, sa_state.FIRSTPOS) + 1
     matched = jnp.where(found, matched, 0).reshape(num_rows, width)
     begin = begin.reshape(num_rows, width)
     continuation = jnp.where(found, lane_text_len - begin.reshape(-1), -1).reshape(num_rows,

@@ -5,25 +5,27 @@ Vocabulary (the algorithm is documented in `jaxspec.host.sa_reference`):
 * slot: one request's automaton. `SAState` holds `num_slots + 1` slots; the last one is the
   dummy slot, kept zeroed, that padding rows point at. It never extends and never matches.
 * capacity: `max_seq_len` tokens of text, hence at most `2 * max_seq_len` states.
-* state: `state_len`, `link` and `firstpos` at the state's index. State 0 is the root; its link
-  and firstpos are unused and kept 0, so a zeroed slot is exactly the empty automaton.
+* state: one row of `states` holding `LEN` (its longest string's length), `LINK` (suffix link),
+  `FIRSTPOS` (end index of its first occurrence) and `EDGE_HEAD` (below). State 0 is the root; its
+  link and firstpos are unused and kept 0, so a zeroed slot is exactly the empty automaton.
 * `num_states`: states in use, root included (a zeroed slot's 0 reads as 1).
 * edges: transitions `(state, token) -> target` in an open-addressing hash table of
   `table_size(max_seq_len) = 4 * max_seq_len` buckets per slot, never dense vocabulary rows
-  (vocabularies are 50k-260k). A bucket with `table_target == 0` is empty: no edge enters the
+  (vocabularies are 50k-260k). A bucket is one row of `edges`: `SOURCE`, `TOKEN`, `TARGET`, `NEXT`,
+  so a probe reads 16 contiguous bytes. A bucket with `TARGET == 0` is empty: no edge enters the
   root. Probing is linear (`next_bucket`) from `hash_bucket(state, token)`. An automaton of `n`
   tokens has at most `3n` edges, so the table is never more than 3/4 full. Edges are never
   deleted; redirecting an edge rewrites its target in place.
-* edge lists: cloning a state copies its edges, so each state also heads a singly linked list of
-  its buckets (`edge_head`, then `table_next`), stored as bucket index + 1 with 0 for "none".
+* edge lists: cloning a state copies its edges, so each state heads a singly linked list of its
+  buckets (`EDGE_HEAD`, then each bucket's `NEXT`), stored as bucket index + 1 with 0 for "none".
 
 The host builder (`jaxspec.host.sa_build`) inserts edges in the same order with the same hash, so a
 prompt built on the host and a slot extended here token by token are bit-identical.
 
 Bytes per slot, `n = max_seq_len`, `T = table_size(n) = 4n` (see `bytes_per_slot`):
 
-    4 * (4 * 2n  +  n  +  4 * T  +  3)  =  100 n + 12
-     states: state_len, link, firstpos, edge_head; text; table: state, token, target, next; scalars
+    4 * (2n * 4  +  n  +  T * 4  +  3)  =  100 n + 12
+         states    text   edges    text_len, num_states, last
 
 so 3.1 MiB per slot at `n = 32768` and 25 MiB at `n = 262144`.
 
@@ -31,8 +33,8 @@ The ops here are the production CPU path and the reference of the Pallas kernels
 `jaxspec.pallas_kernels` (which computes bit-identical results). They are vectorised across the
 batch: every row walks its own slot, all rows advance in lockstep through `lax.while_loop`s, and
 rows that are done (or padding) write nowhere (`mode="drop"` scatters to an out-of-range slot).
-All updates are scalar scatters into the loop carry, so XLA updates the state in place: a step
-costs amortised O(1) per committed token and nothing proportional to `max_seq_len`.
+All updates are row or scalar scatters into the loop carry, so XLA updates the state in place: a
+step costs amortised O(1) per committed token and nothing proportional to `max_seq_len`.
 """
 
 import functools
@@ -45,6 +47,9 @@ import numpy as np
 
 from jaxspec.host import sa_reference
 
+# Columns of `SAState.states` and `SAState.edges`.
+LEN, LINK, FIRSTPOS, EDGE_HEAD = range(4)
+SOURCE, TOKEN, TARGET, NEXT = range(4)
 # Multiplicative mixing constants of `hash_bucket` (int32, wrapping arithmetic); the host builder
 # repeats them, so they are part of the layout.
 HASH_STATE_MUL = 0x01000193
@@ -93,32 +98,22 @@ class SAState:
     slot, without the leading slot axis.
 
     Attributes:
-      state_len: [S, 2N] length of each state's longest string.
-      link: [S, 2N] suffix link (root: 0, unused).
-      firstpos: [S, 2N] end index of the first occurrence (root: 0, unused).
-      edge_head: [S, 2N] 1 + bucket of the state's newest edge, 0 if none.
+      states: [S, 2N, 4] per state: LEN, LINK, FIRSTPOS, EDGE_HEAD (1 + bucket of its newest
+        edge, 0 if none).
       text: [S, N] the tokens; only the first `text_len` are valid.
       text_len: [S] tokens in the text.
       num_states: [S] states in use, root included; 0 in a zeroed slot reads as 1.
       last: [S] the state of the whole text.
-      table_state: [S, T] edge source state.
-      table_token: [S, T] edge token.
-      table_target: [S, T] edge target state; 0 marks an empty bucket.
-      table_next: [S, T] 1 + bucket of the source state's next older edge, 0 if none.
+      edges: [S, T, 4] per bucket: SOURCE, TOKEN, TARGET (0: empty bucket), NEXT (1 + bucket of
+        the source's next older edge, 0 if none).
     """
 
-    state_len: jax.Array
-    link: jax.Array
-    firstpos: jax.Array
-    edge_head: jax.Array
+    states: jax.Array
     text: jax.Array
     text_len: jax.Array
     num_states: jax.Array
     last: jax.Array
-    table_state: jax.Array
-    table_token: jax.Array
-    table_target: jax.Array
-    table_next: jax.Array
+    edges: jax.Array
 
     @property
     def max_seq_len(self) -> int:
@@ -126,7 +121,7 @@ class SAState:
 
     @property
     def table_size(self) -> int:
-        return self.table_target.shape[-1]
+        return self.edges.shape[-2]
 
     @property
     def num_slots(self) -> int:
@@ -142,15 +137,12 @@ def zeros(max_seq_len: int, leading: tuple[int, ...] = (), xp=jnp) -> SAState:
     """An all-zero `SAState` (zeroed slots are empty automata) with extra leading axes."""
     if max_seq_len < 1:
         raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
-    states, buckets = leading + (max_states(max_seq_len),), leading + (table_size(max_seq_len),)
     return SAState(
-        state_len=xp.zeros(states, xp.int32), link=xp.zeros(states, xp.int32),
-        firstpos=xp.zeros(states, xp.int32), edge_head=xp.zeros(states, xp.int32),
+        states=xp.zeros(leading + (max_states(max_seq_len), 4), xp.int32),
         text=xp.zeros(leading + (max_seq_len,), xp.int32),
         text_len=xp.zeros(leading, xp.int32), num_states=xp.zeros(leading, xp.int32),
         last=xp.zeros(leading, xp.int32),
-        table_state=xp.zeros(buckets, xp.int32), table_token=xp.zeros(buckets, xp.int32),
-        table_target=xp.zeros(buckets, xp.int32), table_next=xp.zeros(buckets, xp.int32))
+        edges=xp.zeros(leading + (table_size(max_seq_len), 4), xp.int32))
 
 
 def init_state(num_slots: int, max_seq_len: int) -> SAState:
@@ -167,58 +159,56 @@ def write_slot(state: SAState, slot, slot_state: SAState) -> SAState:
 
 
 # --------------------------------------------------------------------------------------------
-# Gathers and masked scatters over [S, ...] arrays, one element per batch row.
+# Gathers and masked scatters over [S, ...] arrays, one element or row per batch row.
 
 
-def _get(a, slots, index):
-    return a.at[slots, index].get(mode="clip")
+def _get(a, slots, *index):
+    return a.at[(slots, *index)].get(mode="clip")
 
 
-def _set(a, slots, index, value, mask):
+def _set(a, slots, *index_and_value, mask):
     # Masked-off rows write to slot S (out of range), which "drop" discards.
-    return a.at[jnp.where(mask, slots, a.shape[0]), index].set(value, mode="drop")
-
-
-def _set_scalar(a, slots, value, mask):
-    return a.at[jnp.where(mask, slots, a.shape[0])].set(value, mode="drop")
+    *index, value = index_and_value
+    return a.at[(jnp.where(mask, slots, a.shape[0]), *index)].set(value, mode="drop")
 
 
 def _parent(state: SAState, slots, s):
     """Suffix link, with -1 above the root."""
-    return jnp.where(s == 0, -1, _get(state.link, slots, s))
+    return jnp.where(s == 0, -1, _get(state.states, slots, s, LINK))
 
 
 def _probe(state: SAState, slots, source, token, mask):
     """Per row: the bucket of edge `(source, token)` or the empty bucket it would go to.
 
-    Returns `(bucket, found)`; rows outside `mask` get an unspecified bucket and `found` False.
+    Returns `(bucket, edge i32[B, 4], found)`: the bucket's row and whether it holds the edge;
+    rows outside `mask` get an unspecified bucket and `found` False.
     """
-    def collides(bucket):
-        other = ((_get(state.table_state, slots, bucket) != source)
-                 | (_get(state.table_token, slots, bucket) != token))
-        return mask & (_get(state.table_target, slots, bucket) != 0) & other
+    def collides(edge):
+        other = (edge[:, SOURCE] != source) | (edge[:, TOKEN] != token)
+        return mask & (edge[:, TARGET] != 0) & other
 
     def body(carry):
-        bucket, again = carry
+        bucket, _, again = carry
         bucket = jnp.where(again, next_bucket(bucket, state.table_size), bucket)
-        return bucket, collides(bucket)
+        edge = _get(state.edges, slots, bucket)
+        return bucket, edge, collides(edge)
 
     first = hash_bucket(source, token, state.table_size)
-    bucket, _ = lax.while_loop(lambda c: jnp.any(c[1]), body, (first, collides(first)))
-    return bucket, mask & (_get(state.table_target, slots, bucket) != 0)
+    edge = _get(state.edges, slots, first)
+    bucket, edge, _ = lax.while_loop(lambda c: jnp.any(c[2]), body, (first, edge, collides(edge)))
+    return bucket, edge, mask & (edge[:, TARGET] != 0)
 
 
 def _insert(state: SAState, slots, bucket, source, token, target, mask) -> SAState:
     """Writes edge `source --token--> target` into an empty `bucket` and links it to `source`."""
-    older = _get(state.edge_head, slots, source)
+    older = _get(state.states, slots, source, EDGE_HEAD)
+    edge = jnp.stack([source, token, target, older], axis=-1)
     return state.replace(
-        table_state=_set(state.table_state, slots, bucket, source, mask),
-        table_token=_set(state.table_token, slots, bucket, token, mask),
-        table_target=_set(state.table_target, slots, bucket, target, mask),
-        table_next=_set(state.table_next, slots, bucket, older, mask),
+        edges=_set(state.edges, slots, bucket, edge, mask=mask),
         # Writing through `older` orders the read before the write, which lets XLA update
-        # edge_head in place instead of copying it.
-        edge_head=_set(state.edge_head, slots, source, jnp.where(mask, bucket + 1, older), mask))
+        # `states` in place instead of copying it.
+        states=_set(state.states, slots, source, EDGE_HEAD, jnp.where(mask, bucket + 1, older),
+                    mask=mask))
 
 
 def _extend_token(state: SAState, slots, token, active) -> SAState:
@@ -226,69 +216,65 @@ def _extend_token(state: SAState, slots, token, active) -> SAState:
     n = state.text_len[slots]
     cur = jnp.maximum(state.num_states[slots], 1)
     last = state.last[slots]
-    state = state.replace(
-        text=_set(state.text, slots, n, token, active),
-        state_len=_set(state.state_len, slots, cur, _get(state.state_len, slots, last) + 1,
-                       active),
-        firstpos=_set(state.firstpos, slots, cur, n, active))
+    zero = jnp.zeros_like(n)
+    new = jnp.stack([_get(state.states, slots, last, LEN) + 1, zero, n, zero], axis=-1)
+    state = state.replace(text=_set(state.text, slots, n, token, mask=active),
+                          states=_set(state.states, slots, cur, new, mask=active))
 
     # 1. Add `p --token--> cur` up the suffix links until some p already has a `token` edge.
     def add_edges(carry):
-        state, p, bucket, walking = carry
-        probed, found = _probe(state, slots, p, token, walking)
+        state, p, q, walking = carry
+        bucket, edge, found = _probe(state, slots, p, token, walking)
         missing = walking & ~found
-        state = _insert(state, slots, probed, p, token, cur, missing)
-        bucket = jnp.where(walking & found, probed, bucket)
+        state = _insert(state, slots, bucket, p, token, cur, missing)
+        q = jnp.where(walking & found, edge[:, TARGET], q)
         p = jnp.where(missing, _parent(state, slots, p), p)
-        return state, p, bucket, missing & (p >= 0)
+        return state, p, q, missing & (p >= 0)
 
-    state, p, bucket, _ = lax.while_loop(lambda c: jnp.any(c[3]), add_edges,
-                                         (state, last, jnp.zeros_like(last), active))
+    state, p, q, _ = lax.while_loop(lambda c: jnp.any(c[3]), add_edges,
+                                    (state, last, zero, active))
     has_q = active & (p >= 0)
-    q = jnp.where(has_q, _get(state.table_target, slots, bucket), 0)
-    len_p1 = _get(state.state_len, slots, p) + 1
-    solid = has_q & (len_p1 == _get(state.state_len, slots, q))
+    q = jnp.where(has_q, q, 0)
+    q_row = _get(state.states, slots, q)
+    len_p1 = _get(state.states, slots, p, LEN) + 1
+    solid = has_q & (len_p1 == q_row[:, LEN])
     cloning = has_q & ~solid
     clone = cur + 1
 
     # 2. Clone q: same link and first occurrence, shorter length, a copy of q's edges. The links
     # are final now: the walks below only visit states shorter than q, never q or cur.
-    link = _set(state.link, slots, clone, _get(state.link, slots, q), cloning)
-    link = _set(link, slots, q, clone, cloning)
-    link = _set(link, slots, cur, jnp.where(cloning, clone, jnp.where(solid, q, 0)), active)
-    state = state.replace(
-        state_len=_set(state.state_len, slots, clone, len_p1, cloning),
-        firstpos=_set(state.firstpos, slots, clone, _get(state.firstpos, slots, q), cloning),
-        link=link)
+    clone_row = jnp.stack([len_p1, q_row[:, LINK], q_row[:, FIRSTPOS], zero], axis=-1)
+    states = _set(state.states, slots, clone, clone_row, mask=cloning)
+    states = _set(states, slots, q, LINK, clone, mask=cloning)
+    states = _set(states, slots, cur, LINK, jnp.where(cloning, clone, jnp.where(solid, q, 0)),
+                  mask=active)
+    state = state.replace(states=states)
 
     def copy_edge(carry):
-        state, edge = carry
-        copying = edge != 0
-        entry = edge - 1
-        edge_token = _get(state.table_token, slots, entry)
-        probed, _ = _probe(state, slots, clone, edge_token, copying)
-        state = _insert(state, slots, probed, clone, edge_token,
-                        _get(state.table_target, slots, entry), copying)
-        return state, jnp.where(copying, _get(state.table_next, slots, entry), 0)
+        state, edge_ref = carry
+        copying = edge_ref != 0
+        edge = _get(state.edges, slots, edge_ref - 1)
+        bucket, _, _ = _probe(state, slots, clone, edge[:, TOKEN], copying)
+        state = _insert(state, slots, bucket, clone, edge[:, TOKEN], edge[:, TARGET], copying)
+        return state, jnp.where(copying, edge[:, NEXT], 0)
 
     state, _ = lax.while_loop(lambda c: jnp.any(c[1] != 0), copy_edge,
-                              (state, jnp.where(cloning, _get(state.edge_head, slots, q), 0)))
+                              (state, jnp.where(cloning, q_row[:, EDGE_HEAD], 0)))
 
     # 3. Redirect `p --token--> q` to the clone up the suffix links.
     def redirect(carry):
         state, p, walking = carry
-        probed, _ = _probe(state, slots, p, token, walking)
-        hit = walking & (_get(state.table_target, slots, probed) == q)
-        state = state.replace(table_target=_set(state.table_target, slots, probed, clone, hit))
+        bucket, edge, _ = _probe(state, slots, p, token, walking)
+        hit = walking & (edge[:, TARGET] == q)
+        state = state.replace(edges=_set(state.edges, slots, bucket, TARGET, clone, mask=hit))
         p = jnp.where(hit, _parent(state, slots, p), p)
         return state, p, hit & (p >= 0)
 
     state, _, _ = lax.while_loop(lambda c: jnp.any(c[2]), redirect, (state, p, cloning))
     return state.replace(
-        last=_set_scalar(state.last, slots, cur, active),
-        num_states=_set_scalar(state.num_states, slots, clone + cloning.astype(jnp.int32),
-                               active),
-        text_len=_set_scalar(state.text_len, slots, n + 1, active))
+        last=_set(state.last, slots, cur, mask=active),
+        num_states=_set(state.num_states, slots, clone + cloning.astype(jnp.int32), mask=active),
+        text_len=_set(state.text_len, slots, n + 1, mask=active))
 
 
 def validate_batch(slots, accepted, num_accepted, draft_len: int,
@@ -345,8 +331,8 @@ def _read_suffix_state(state: SAState, slots, length, max_length: int):
 
     def step(i, s):
         reading = i < length
-        probed, _ = _probe(state, slots, s, _get(state.text, slots, n - length + i), reading)
-        return jnp.where(reading, _get(state.table_target, slots, probed), s)
+        _, edge, _ = _probe(state, slots, s, _get(state.text, slots, n - length + i), reading)
+        return jnp.where(reading, edge[:, TARGET], s)
 
     return lax.fori_loop(0, max_length, step, jnp.zeros_like(slots))
 
@@ -371,14 +357,14 @@ def lookup(state: SAState, slots, *, draft_len: int, max_ngram_size: int = -1):
       `(match_len i32[B], draft_tokens i32[B, draft_len], draft_lens i32[B])`; only the first
       `draft_lens[b]` tokens of row b are real, the rest and rows without a match are 0.
     """
-    longest_state = _get(state.link, slots, state.last[slots])
-    longest = _get(state.state_len, slots, longest_state)
+    longest_state = _get(state.states, slots, state.last[slots], LINK)
+    longest = _get(state.states, slots, longest_state, LEN)
     if max_ngram_size == -1:
         match_len, matched = longest, longest_state
     else:
         match_len = jnp.minimum(longest, max_ngram_size)
         matched = _read_suffix_state(state, slots, match_len, max_ngram_size)
-    start = _get(state.firstpos, slots, matched) + 1
+    start = _get(state.states, slots, matched, FIRSTPOS) + 1
     draft_tokens, draft_lens = draft_from(state, slots, match_len, start, draft_len)
     return match_len, draft_tokens, draft_lens
 

@@ -15,6 +15,10 @@ _WORD = 0xFFFFFFFF
 _STATE_MUL = sa_state.HASH_STATE_MUL
 _MIX_MUL = sa_state.HASH_MIX_MUL
 _POSITIVE = 0x7FFFFFFF
+# numba reads module-level ints as compile-time constants.
+_LEN, _LINK, _FIRSTPOS, _EDGE_HEAD = (sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS,
+                                     sa_state.EDGE_HEAD)
+_SOURCE, _TOKEN, _TARGET, _NEXT = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET, sa_state.NEXT
 
 
 @numba.njit(inline="always")
@@ -28,73 +32,68 @@ def _hash(state, token, num_buckets):
 
 
 @numba.njit(inline="always")
-def _probe(table_state, table_token, table_target, source, token, num_buckets):
+def _probe(edges, source, token):
+    num_buckets = edges.shape[0]
     bucket = _hash(source, token, num_buckets)
-    while table_target[bucket] != 0 and (table_state[bucket] != source
-                                         or table_token[bucket] != token):
+    while edges[bucket, _TARGET] != 0 and (edges[bucket, _SOURCE] != source
+                                           or edges[bucket, _TOKEN] != token):
         bucket = 0 if bucket + 1 == num_buckets else bucket + 1
     return bucket
 
 
 @numba.njit(inline="always")
-def _insert(edge_head, table_state, table_token, table_target, table_next, bucket, source, token,
-            target):
-    table_state[bucket] = source
-    table_token[bucket] = token
-    table_target[bucket] = target
-    table_next[bucket] = edge_head[source]
-    edge_head[source] = bucket + 1
+def _insert(states, edges, bucket, source, token, target):
+    edges[bucket, _SOURCE] = source
+    edges[bucket, _TOKEN] = token
+    edges[bucket, _TARGET] = target
+    edges[bucket, _NEXT] = states[source, _EDGE_HEAD]
+    states[source, _EDGE_HEAD] = bucket + 1
 
 
 @numba.njit(cache=True)
-def _build(tokens, state_len, link, firstpos, edge_head, text, table_state, table_token,
-           table_target, table_next):
-    num_buckets = table_target.shape[0]
+def _build(tokens, states, text, edges):
     num_states, last = 1, 0
     for n in range(tokens.shape[0]):
         token = tokens[n]
         text[n] = token
         cur = num_states
         num_states += 1
-        state_len[cur] = state_len[last] + 1
-        firstpos[cur] = n
+        states[cur, _LEN] = states[last, _LEN] + 1
+        states[cur, _FIRSTPOS] = n
         p = last
         while True:
-            bucket = _probe(table_state, table_token, table_target, p, token, num_buckets)
-            if table_target[bucket] != 0:
+            bucket = _probe(edges, p, token)
+            if edges[bucket, _TARGET] != 0:
                 break
-            _insert(edge_head, table_state, table_token, table_target, table_next, bucket, p,
-                    token, cur)
-            p = -1 if p == 0 else link[p]
+            _insert(states, edges, bucket, p, token, cur)
+            p = -1 if p == 0 else states[p, _LINK]
             if p < 0:
                 break
         if p >= 0:
-            q = table_target[bucket]
-            if state_len[p] + 1 == state_len[q]:
-                link[cur] = q
+            q = edges[bucket, _TARGET]
+            if states[p, _LEN] + 1 == states[q, _LEN]:
+                states[cur, _LINK] = q
             else:
                 clone = num_states
                 num_states += 1
-                state_len[clone] = state_len[p] + 1
-                firstpos[clone] = firstpos[q]
-                link[clone] = link[q]
-                edge = edge_head[q]
+                states[clone, _LEN] = states[p, _LEN] + 1
+                states[clone, _LINK] = states[q, _LINK]
+                states[clone, _FIRSTPOS] = states[q, _FIRSTPOS]
+                edge = states[q, _EDGE_HEAD]
                 while edge != 0:
                     entry = edge - 1
-                    edge_token = table_token[entry]
-                    slot = _probe(table_state, table_token, table_target, clone, edge_token,
-                                  num_buckets)
-                    _insert(edge_head, table_state, table_token, table_target, table_next, slot,
-                            clone, edge_token, table_target[entry])
-                    edge = table_next[entry]
+                    edge_token = edges[entry, _TOKEN]
+                    _insert(states, edges, _probe(edges, clone, edge_token), clone, edge_token,
+                            edges[entry, _TARGET])
+                    edge = edges[entry, _NEXT]
                 while p >= 0:
-                    slot = _probe(table_state, table_token, table_target, p, token, num_buckets)
-                    if table_target[slot] != q:
+                    redirect = _probe(edges, p, token)
+                    if edges[redirect, _TARGET] != q:
                         break
-                    table_target[slot] = clone
-                    p = -1 if p == 0 else link[p]
-                link[q] = clone
-                link[cur] = clone
+                    edges[redirect, _TARGET] = clone
+                    p = -1 if p == 0 else states[p, _LINK]
+                states[q, _LINK] = clone
+                states[cur, _LINK] = clone
         last = cur
     return num_states, last
 
@@ -119,8 +118,6 @@ def build(tokens, max_seq_len: int) -> sa_state.SAState:
     if tokens.size and (tokens.min() < info.min or tokens.max() > info.max):
         raise ValueError(f"tokens must fit int32, got range [{tokens.min()}, {tokens.max()}]")
     out = sa_state.zeros(max_seq_len, xp=np)
-    num_states, last = _build(
-        tokens.astype(np.int32), out.state_len, out.link, out.firstpos, out.edge_head, out.text,
-        out.table_state, out.table_token, out.table_target, out.table_next)
+    num_states, last = _build(tokens.astype(np.int32), out.states, out.text, out.edges)
     return out.replace(text_len=np.array(tokens.size, np.int32),
                        num_states=np.array(num_states, np.int32), last=np.array(last, np.int32))

@@ -21,12 +21,11 @@ def _texts(max_size=48):
 
 def _edges(slot: sa_state.SAState, s: int) -> dict[int, int]:
     """State `s`'s transitions, read through its edge list."""
-    edges, edge = {}, int(slot.edge_head[s])
+    edges, edge = {}, int(slot.states[s, sa_state.EDGE_HEAD])
     while edge:
-        entry = edge - 1
-        assert int(slot.table_state[entry]) == s, (s, entry)
-        edges[int(slot.table_token[entry])] = int(slot.table_target[entry])
-        edge = int(slot.table_next[entry])
+        source, token, target, edge = (int(x) for x in slot.edges[edge - 1])
+        assert source == s, (s, edge)
+        edges[token] = target
     return edges
 
 
@@ -42,24 +41,24 @@ class BuildTest(parameterized.TestCase):
         self.assertEqual(int(slot.last), ref.last)
         self.assertEqual(int(slot.text_len), len(tokens))
         np.testing.assert_array_equal(slot.text[:len(tokens)], tokens)
-        np.testing.assert_array_equal(slot.state_len[:n], ref.len)
-        np.testing.assert_array_equal(slot.link[:n], [0] + ref.link[1:])
-        np.testing.assert_array_equal(slot.firstpos[:n], [0] + ref.firstpos[1:])
+        np.testing.assert_array_equal(slot.states[:n, sa_state.LEN], ref.len)
+        np.testing.assert_array_equal(slot.states[:n, sa_state.LINK], [0] + ref.link[1:])
+        np.testing.assert_array_equal(slot.states[:n, sa_state.FIRSTPOS],
+                                      [0] + ref.firstpos[1:])
         self.assertEqual([_edges(slot, s) for s in range(n)], ref.next)
         # Nothing is written past the used states and text.
-        self.assertFalse(slot.state_len[n:].any() or slot.link[n:].any()
-                         or slot.edge_head[n:].any() or slot.text[len(tokens):].any())
+        self.assertFalse(slot.states[n:].any() or slot.text[len(tokens):].any())
 
     @hypothesis.given(tokens=_texts())
     @_SETTINGS
     def test_every_edge_is_found_by_probing(self, tokens):
         slot = sa_build.build(tokens, max(1, len(tokens)))
-        for bucket in np.flatnonzero(slot.table_target):
-            source, token = int(slot.table_state[bucket]), int(slot.table_token[bucket])
+        for bucket in np.flatnonzero(slot.edges[:, sa_state.TARGET]):
+            source, token = (int(x) for x in slot.edges[bucket, :sa_state.TARGET])
             probe = int(sa_state.hash_bucket(np.int32(source), np.int32(token), slot.table_size))
             while probe != bucket:
                 # Linear probing: every bucket between the hash and the edge is occupied.
-                self.assertNotEqual(int(slot.table_target[probe]), 0)
+                self.assertNotEqual(int(slot.edges[probe, sa_state.TARGET]), 0)
                 probe = (probe + 1) % slot.table_size
 
     def test_layout_size(self):
@@ -67,13 +66,15 @@ class BuildTest(parameterized.TestCase):
         self.assertEqual(sum(np.asarray(a).nbytes for a in jax.tree.leaves(slot)),
                          sa_state.bytes_per_slot(100))
         self.assertEqual(slot.table_size, 400)
-        self.assertEqual(slot.state_len.shape, (200,))
+        self.assertEqual(slot.states.shape, (200, 4))
+        self.assertEqual(slot.edges.shape, (400, 4))
 
     def test_large_alphabet_at_capacity(self):
         tokens = np.random.default_rng(0).integers(0, 200_000, 3000)
         slot = sa_build.build(tokens, 3000)
         ref = sa_reference.SuffixAutomaton(tokens.tolist())
-        np.testing.assert_array_equal(slot.firstpos[1:ref.num_states], ref.firstpos[1:])
+        np.testing.assert_array_equal(slot.states[1:ref.num_states, sa_state.FIRSTPOS],
+                                      ref.firstpos[1:])
 
     @parameterized.named_parameters(
         dict(testcase_name="too_long", tokens=[1, 2, 3], max_seq_len=2, match="max_seq_len=2"),
