@@ -61,19 +61,28 @@ class KVPages:
 class CacheView:
     """Which cache slots each batch row reads and writes in one forward.
 
-    The number of page-table columns is static: attention reads `P * page_size` cached slots per
-    row, so the host slices the table to the smallest bucket covering the longest row.
+    Widths are static: writes may go anywhere in the table's `P` columns, attention reads the
+    first `read_cols` columns (`read_cols * page_size` cached slots per row). The host picks both
+    from small buckets: `read_cols` covers the longest cached length and is 0 when nothing is
+    cached yet (a first prompt chunk), which skips the cached block of attention altogether.
 
     Attributes:
       page_table: i32[B, P] pages of each row's sequence; NULL_PAGE where unallocated.
       lengths: i32[B] tokens already cached per row (position of the first new token).
       num_new: i32[B] valid new tokens per row, <= T; the rest are padding and are never written.
         A padding row has num_new = 0.
+      read_cols: static, <= P: page-table columns attention reads (None: all P).
     """
 
     page_table: jax.Array
     lengths: jax.Array
     num_new: jax.Array
+    read_cols: int | None = flax.struct.field(pytree_node=False, default=None)
+
+    @property
+    def read_table(self) -> jax.Array:
+        """i32[B, read_cols] the columns attention reads."""
+        return self.page_table[:, :self.read_cols]
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,

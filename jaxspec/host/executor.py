@@ -228,16 +228,24 @@ class Executor:
             top_p=jnp.asarray([x.top_p for x in p] + [1.0] * pad, jnp.float32),
             seed=jnp.asarray([x.seed for x in p] + [0] * pad, jnp.int32))
 
-    def _view(self, reqs, rows: int, lengths, num_new, max_tokens: int) -> kv_cache.CacheView:
+    def _cols(self, num_tokens: int) -> int:
+        """Page-table width bucket covering `num_tokens` slots: a power of two, capped."""
+        if num_tokens <= 0:
+            return 0
         max_cols = self.config.pages_per_seq(self.policy.max_draft_len if self.policy else 0)
-        cols = min(_pow2_at_least(self.scheduler.allocator.pages_for(max_tokens)), max_cols)
+        return min(_pow2_at_least(self.scheduler.allocator.pages_for(num_tokens)), max_cols)
+
+    def _view(self, reqs, rows: int, lengths, num_new) -> kv_cache.CacheView:
+        """Rows' page tables, wide enough for every write, read up to the longest length."""
+        cols = self._cols(max(a + n for a, n in zip(lengths, num_new)))
         table = np.zeros((rows, cols), np.int32)
         for i, r in enumerate(reqs):
             table[i] = r.pages.table_row(cols)
         pad = rows - len(reqs)
         return kv_cache.CacheView(page_table=jnp.asarray(table),
                                   lengths=jnp.asarray(list(lengths) + [0] * pad, jnp.int32),
-                                  num_new=jnp.asarray(list(num_new) + [0] * pad, jnp.int32))
+                                  num_new=jnp.asarray(list(num_new) + [0] * pad, jnp.int32),
+                                  read_cols=min(cols, self._cols(max(lengths))))
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         start = time.perf_counter()
@@ -248,8 +256,7 @@ class Executor:
         for i, c in enumerate(chunks):
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
-        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks],
-                          max(c.start + c.length for c in chunks))
+        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
         self.kv, first = step_lib.prefill(
             self.params, self.kv, jnp.asarray(tokens), view, self._sampling_arrays(reqs, rows),
             graphdef=self.graphdef, greedy_only=all(r.params.greedy for r in reqs))
@@ -299,8 +306,7 @@ class Executor:
             slots = self.sa.prepare([r.request_id for r in reqs] + [None] * pad)
         draft_seconds = time.perf_counter() - draft_start
         # 6. Forward + verify (+ automaton extend and next drafts) in one jitted call.
-        view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs),
-                          max(r.num_cached for r in reqs) + 1 + k)
+        view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs))
         inputs = step_lib.StepInputs(
             last_tokens=jnp.asarray([r.output[-1] for r in reqs] + [0] * pad, jnp.int32),
             drafts=jnp.asarray(drafts), draft_lens=jnp.asarray(draft_lens), view=view,
