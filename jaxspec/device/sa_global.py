@@ -23,7 +23,8 @@ from jaxspec.device import sa_state
 
 def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int,
                   max_ngram_size: int = -1):
-    """Drafts for each row from the best active slot (no extension); see `extend_and_global_search`."""
+    """Each row's draft from the best active slot, without extending (see
+    `extend_and_global_search`)."""
     num_rows, width = slots.shape[0], state.num_slots + 1
     cap = sa_state.MAX_GLOBAL_SUFFIX_LEN if max_ngram_size == -1 else max_ngram_size
     own_len = state.text_len[slots]

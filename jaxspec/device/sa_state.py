@@ -43,7 +43,6 @@ import flax.struct
 import jax
 from jax import lax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxspec.host import sa_reference
 
