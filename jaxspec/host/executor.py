@@ -236,7 +236,9 @@ class Executor:
         return min(_pow2_at_least(self.scheduler.allocator.pages_for(num_tokens)), max_cols)
 
     def _view(self, reqs, rows: int, lengths, num_new) -> kv_cache.CacheView:
-        """Rows' page tables, wide enough for every write, read up to the longest length."""
+        """Rows' page tables, wide enough for every write. Attention reads all of it, unless
+        nothing is cached yet (first prompt chunks): then it reads nothing. One read width per
+        table width keeps the compile count at one per bucket."""
         cols = self._cols(max(a + n for a, n in zip(lengths, num_new)))
         table = np.zeros((rows, cols), np.int32)
         for i, r in enumerate(reqs):
@@ -245,7 +247,7 @@ class Executor:
         return kv_cache.CacheView(page_table=jnp.asarray(table),
                                   lengths=jnp.asarray(list(lengths) + [0] * pad, jnp.int32),
                                   num_new=jnp.asarray(list(num_new) + [0] * pad, jnp.int32),
-                                  read_cols=min(cols, self._cols(max(lengths))))
+                                  read_cols=cols if max(lengths) else 0)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         start = time.perf_counter()
