@@ -1,5 +1,7 @@
 """The pure-Python suffix automaton against hand-computed cases and the brute-force specification."""
 
+import doctest
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import hypothesis
@@ -43,6 +45,11 @@ class SuffixAutomatonTest(parameterized.TestCase):
     def test_hand_computed(self, tokens, k, m, match, draft):
         self.assertEqual(sa_reference.SuffixAutomaton(tokens).draft(k, m), (match, draft))
         self.assertEqual(sa_reference.naive_draft(tokens, k, m), (match, draft))
+
+    def test_docstring_examples(self):
+        result = doctest.testmod(sa_reference)
+        self.assertEqual(result.failed, 0)
+        self.assertGreater(result.attempted, 0)
 
     def test_states_of_worked_example(self):
         sa = sa_reference.SuffixAutomaton([1, 2, 1, 2])
