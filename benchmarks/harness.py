@@ -251,7 +251,7 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
     return dict(
         workload=cfg.workload, config=dataclasses.asdict(cfg), num_prompts=len(prompts),
         mean_prompt_tokens=statistics.mean(map(len, prompts)),
-        hf_threads=None if hf is None else hf.num_threads,
+        hf_threads=None if hf is None else hf.threads_note,
         methods={m: _summary(timed[m], timed["plain"], warmups.get(m)) for m in methods},
         mismatches=checker.mismatches)
 
@@ -283,7 +283,7 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
     cfg = results["config"]
     methods = results["methods"]
     oracle_speedup = methods.get("oracle", {}).get("speedup")
-    hf = (f" HF runs on torch CPU with {results['hf_threads']} threads."
+    hf = (f" HF runs on torch CPU ({results['hf_threads']})."
           if results["hf_threads"] else "")
     lines = [
         f"## Workload `{results['workload']}`: batch {cfg['batch_size']}, "
@@ -325,8 +325,9 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         lines += [f"- {LABELS[x['method']]} vs {LABELS[x['reference']]}: prompt {x['prompt']}, "
                   f"token {x['position']} ({x['when']})" for x in results["mismatches"]]
     else:
-        lines.append("Every output is token-identical to jaxspec plain (HF prompt lookup to HF "
-                     "greedy).")
+        both_hf = all(m in methods for m in HF_METHODS)
+        lines.append("Every output is token-identical to jaxspec plain"
+                     + (" (HF prompt lookup to HF greedy)." if both_hf else "."))
     for note in results.get("skipped", ()):
         lines.append(f"\n{note}.")
     if plot is not None:

@@ -6,6 +6,12 @@ it is never used: both engines get the same prompt token ids, and outputs are co
 `prompt_lookup_num_tokens=K` is HF's prompt lookup decoding (batch 1 only), the peer jaxspec's
 drafters are measured against.
 
+torch's CPU threads are OpenMP threads, which by default spin while they wait for work. On a
+machine whose cores are busy with other processes that collapses throughput (measured here on 2
+shared cores: 1.0 tok/s with 2 spinning threads, 7.5 tok/s with `OMP_WAIT_POLICY=PASSIVE`, 12
+with 1 thread), so `HFModel.load` sets PASSIVE unless the environment already chose a policy; it
+must be set before torch is first imported.
+
 torch, transformers and accelerate come with the `bench` extra; `unavailable_reason()` says what
 is missing so callers can skip the baseline with that message.
 """
@@ -17,6 +23,7 @@ from collections.abc import Collection, Sequence
 
 INSTALL = "pip install -e '.[bench]'"
 REQUIRED = ("torch", "transformers", "accelerate")
+OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
 def unavailable_reason() -> str | None:
@@ -41,6 +48,7 @@ class HFModel:
     def load(cls, path: str | os.PathLike | None = None) -> "HFModel":
         """transformers' own load of a GGUF file (None = the embedded SmolLM2), offline, fp32."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault(OMP_WAIT_POLICY, "PASSIVE")
         import torch
         import transformers
 
@@ -54,10 +62,12 @@ class HFModel:
         return cls(model.eval())
 
     @property
-    def num_threads(self) -> int:
+    def threads_note(self) -> str:
+        """torch's CPU threads and OpenMP wait policy, for result tables."""
         import torch
 
-        return torch.get_num_threads()
+        policy = os.environ.get(OMP_WAIT_POLICY, "default")
+        return f"{torch.get_num_threads()} threads, {OMP_WAIT_POLICY}={policy}"
 
     def generate(self, prompt: Sequence[int], *, max_new_tokens: int, stop_ids: Collection[int],
                  prompt_lookup_num_tokens: int | None = None) -> list[int]:

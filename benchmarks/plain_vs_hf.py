@@ -86,7 +86,7 @@ def measure(*, max_new_tokens: int = 128, repeats: int = 3, use_hf: bool = True,
                                prefill_s=prefill_s)
 
         hf_first = hf_pass()
-        hf_side = dict(load_s=hf_load_s, first_call_s=hf_first.wall_s, threads=hf.num_threads,
+        hf_side = dict(load_s=hf_load_s, first_call_s=hf_first.wall_s, threads=hf.threads_note,
                        memory_mib=_added(before, hf_load_peak.mib, hf_first.peak_mib),
                        prefill_s=runs.hf_prefill_seconds(hf, [prompt], stops))
     rounds = []
@@ -132,7 +132,7 @@ def markdown(results: dict) -> str:
         "Memory: peak RSS while loading and making the first call, minus RSS before loading.",
         "",
         "| | jaxspec (XLA CPU) | HF transformers (torch CPU"
-        + (f", {h['threads']} threads)" if h else ")") + " |",
+        + (f", {h['threads']})" if h else ")") + " |",
         "| --- | ---: | ---: |",
         f"| tokens/s (prefill included) | {fmt(j['tokens_per_s'])} "
         f"| {fmt(h and h['tokens_per_s'])} |",

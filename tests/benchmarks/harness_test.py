@@ -66,7 +66,7 @@ class Script:
 
 
 class FakeHF:
-    num_threads = 2
+    threads_note = "2 threads"
 
     def generate(self, prompt, *, max_new_tokens, stop_ids, prompt_lookup_num_tokens=None):
         return [0] * min(max_new_tokens, 2)

@@ -44,3 +44,8 @@ def test_stop_token_ends_generation_and_is_kept(hf):
 def test_empty_prompt(hf):
     with pytest.raises(ValueError, match="empty"):
         hf.generate([], max_new_tokens=2, stop_ids=())
+
+
+def test_threads_note_names_the_wait_policy(hf, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert hf.threads_note == f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY=PASSIVE"
