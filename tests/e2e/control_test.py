@@ -1,0 +1,210 @@
+"""The control plane, observed through the engine on the tiny model: the acceptance gate switching
+speculation off for good, K following the schedule as the batch shrinks, the capacity gate,
+bounded compilation per bucket, and AUTO."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import jaxspec as js
+from jaxspec import engine as engine_lib
+from jaxspec import schedule as schedule_lib
+from jaxspec.device import step as step_lib
+from jaxspec.host import requests as requests_lib
+from jaxspec.host import scheduler as scheduler_lib
+from jaxspec.models import tiny
+
+MODEL = tiny.tiny_model(seed=0)
+# One page per sequence, so page tables are always one column and each decode bucket is exactly
+# one step compilation.
+CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=8, max_seq_len=48, page_size=64,
+                                       max_num_tokens=256, prefill_chunk=32)
+
+
+def prompts(seed, lengths, alphabet_size=3):
+    rng = np.random.default_rng(seed)
+    alphabet = rng.choice(MODEL.vocab_size, alphabet_size, replace=False)
+    return [[int(t) for t in rng.choice(alphabet, n)] for n in lengths]
+
+
+def add(executor, prompt, max_new_tokens) -> int:
+    return executor.add_request(prompt, requests_lib.SamplingParams(max_new_tokens=max_new_tokens),
+                                frozenset())
+
+
+def step_and_record(executor) -> tuple[int, int] | None:
+    """One iteration; `(decode rows, K)` when it ran a verify step, else None."""
+    rows_before, steps_before = executor.stats.request_steps, executor.stats.decode_steps
+    executor.step()
+    if executor.stats.decode_steps == steps_before:
+        return None
+    return executor.stats.request_steps - rows_before, executor.stats.k_history[-1]
+
+
+# ---------------------------------------------------------------------------- acceptance gate
+
+class OracleThenGarbageDrafter(js.Drafter):
+    """Drafts each request's true greedy continuation for `good_calls` calls, then a continuation
+    that is wrong at every position: acceptance drops from 1 to 0."""
+
+    def __init__(self, *, good_calls: int, **kwargs):
+        super().__init__(**kwargs)
+        self.good_calls = good_calls
+        self.calls = 0
+        self.truth: dict[int, list[int]] = {}      # request id -> prompt + greedy continuation
+
+    def prepare_draft_tokens(self, requests):
+        self.calls += 1
+        drafts = []
+        for r in requests:
+            true = self.truth[r.request_id][len(r.tokens):len(r.tokens) + self.draft_len]
+            good = self.calls <= self.good_calls
+            drafts.append(true if good else [(t + 1) % MODEL.vocab_size for t in true])
+        return drafts
+
+
+def test_configs_carry_the_gate():
+    spec = js.NGramConfig(max_draft_len=3, acceptance_rate_window_size=3,
+                          acceptance_rate_threshold=0.5)
+    gate = engine_lib.Engine(MODEL, spec=spec, scheduler=CONFIG).executor.gate
+    assert (gate.window, gate.threshold) == (3, 0.5)
+    assert engine_lib.Engine(MODEL, spec=js.NGramConfig(max_draft_len=3),
+                             scheduler=CONFIG).executor.gate is None
+
+
+def test_gate_switches_speculation_off_for_good(uncached_greedy):
+    drafter = OracleThenGarbageDrafter(max_draft_len=3, good_calls=4)
+    executor = engine_lib.Engine(MODEL, spec=drafter, scheduler=CONFIG).executor
+    # A Drafter instance carries no gate settings (they belong to the configs); install the gate
+    # the executor builds for a config with acceptance_rate_window_size=3, threshold=0.5.
+    executor.gate = js.SpeculationGate(3, 0.5)
+    batch = prompts(0, [9, 13])
+    ids = []
+    for p in batch:
+        ids.append(add(executor, p, 30))
+        drafter.truth[ids[-1]] = p + uncached_greedy(MODEL, p, 30)
+    while executor.has_work():
+        executor.step()
+    # Window means: 1, 1, 1 (four oracle steps), then (1 + 1 + 0) / 3 >= 0.5 keeps going and
+    # (1 + 0 + 0) / 3 < 0.5 disables: six speculative steps, plain decoding ever after.
+    k = executor.stats.k_history
+    assert k[:6] == [3] * 6 and set(k[6:]) == {0} and len(k) > 12, k
+    assert executor.gate.disabled
+    assert drafter.calls == 6
+    stats = executor.stats
+    assert (stats.drafted, stats.accepted) == (6 * 2 * 3, 4 * 2 * 3)
+    for rid, p in zip(ids, batch):
+        assert executor.requests[rid].output == drafter.truth[rid][len(p):]
+
+
+# ---------------------------------------------------------------------------- schedule, compiles
+
+# Key 6 is no power of two: it becomes a bucket of its own, so K is constant inside every bucket.
+SCHEDULE = {2: 3, 6: 2, 8: 1}
+SPEC = js.SAConfig(max_draft_len=3, max_matching_ngram_size=5, enable_global_pool=True,
+                   draft_len_schedule=SCHEDULE)
+
+
+def _shrinking_run():
+    """8 requests ending at different times; per iteration: decode (rows, K) and compile counts."""
+    executor = engine_lib.Engine(MODEL, spec=SPEC, scheduler=CONFIG).executor
+    batch = prompts(1, [3, 16, 7, 12, 5, 9, 14, 4])
+    ids = [add(executor, p, n) for p, n in zip(batch, [2, 5, 9, 14, 19, 24, 30, 40])]
+    trace = []
+    while executor.has_work():
+        decoded = step_and_record(executor)
+        trace.append((decoded, step_lib.step._cache_size(), step_lib.prefill._cache_size(),
+                      step_lib.prime_drafts._cache_size()))
+    outputs = [executor.requests[i].output for i in ids]
+    return executor, batch, outputs, trace
+
+
+@pytest.fixture(scope="module")
+def shrinking_run():
+    for fn in (step_lib.step, step_lib.prefill, step_lib.prime_drafts):
+        fn.clear_cache()
+    return _shrinking_run()
+
+
+def test_k_follows_the_schedule_as_the_batch_shrinks(shrinking_run, uncached_greedy):
+    executor, batch, outputs, trace = shrinking_run
+    decoded = [d for d, *_ in trace if d is not None]
+    assert executor.batch_buckets == (1, 2, 4, 6, 8)
+    for rows, k in decoded:
+        assert k == schedule_lib.draft_len_for_batch_size(SCHEDULE, rows, 3), (rows, k)
+    # As the batch shrank through the buckets, K took every value of the schedule, in order.
+    seen = [k for _, k in decoded]
+    assert seen == sorted(seen) and set(seen) == {1, 2, 3}
+    buckets = {schedule_lib.bucket_for(rows, executor.batch_buckets) for rows, _ in decoded}
+    assert len(buckets) >= 4, decoded
+    for p, out in zip(batch, outputs):
+        assert out == uncached_greedy(MODEL, p, len(out))
+    assert executor.stats.accepted > 0
+
+
+def test_each_bucket_compiles_once_and_steady_state_never(shrinking_run):
+    executor, _, _, trace = shrinking_run
+    buckets_seen = set()
+    step_compiles = 0
+    for decoded, num_step, _, _ in trace:
+        if decoded is not None:
+            bucket = schedule_lib.bucket_for(decoded[0], executor.batch_buckets)
+            if bucket not in buckets_seen:
+                buckets_seen.add(bucket)
+                step_compiles += 1
+        # A step compiles exactly when its batch lands in a bucket not seen before.
+        assert num_step == step_compiles, trace
+    _, _, num_prefill, num_prime = trace[-1]
+    # One prefill (all 8 prompts in one chunk each) and one priming of 8 new automata.
+    assert (num_prefill, num_prime) == (1, 1)
+    before = (step_lib.step._cache_size(), step_lib.prefill._cache_size(),
+              step_lib.prime_drafts._cache_size())
+    _shrinking_run()
+    assert (step_lib.step._cache_size(), step_lib.prefill._cache_size(),
+            step_lib.prime_drafts._cache_size()) == before
+
+
+def test_auto_resolves_and_runs(uncached_greedy):
+    executor = engine_lib.Engine(MODEL, spec="auto", scheduler=CONFIG).executor
+    assert executor.spec == js.suggest_spec_config(CONFIG.max_batch_size)
+    batch = prompts(2, [6, 11])
+    ids = [add(executor, p, 20) for p in batch]
+    while executor.has_work():
+        executor.step()
+    for rid, p in zip(ids, batch):
+        assert executor.requests[rid].output == uncached_greedy(MODEL, p, 20)
+    assert set(executor.stats.k_history) == {executor.spec.max_draft_len}
+    assert executor.stats.accepted > 0
+
+
+# ---------------------------------------------------------------------------- capacity gate
+
+def _capacity_run(max_num_tokens, spec, num_requests):
+    config = dataclasses.replace(CONFIG, max_num_tokens=max_num_tokens)
+    executor = engine_lib.Engine(MODEL, spec=spec, scheduler=config).executor
+    batch = prompts(3, [5, 8, 6][:num_requests])
+    ids = [add(executor, p, 12) for p in batch]
+    trace = []
+    while executor.has_work():
+        trace.append(step_and_record(executor))
+    return [executor.requests[i].output for i in ids], [d for d in trace if d is not None], batch
+
+
+def test_token_budget_below_one_plus_k_turns_speculation_off(uncached_greedy):
+    spec = js.NGramConfig(max_draft_len=3)
+    outputs, decoded, batch = _capacity_run(3, spec, 1)
+    assert {k for _, k in decoded} == {0}
+    assert outputs[0] == uncached_greedy(MODEL, batch[0], 12)
+    _, decoded, _ = _capacity_run(4, spec, 1)
+    assert {k for _, k in decoded} == {3}
+
+
+def test_placeholders_bound_the_decode_rows(uncached_greedy):
+    """A budget of 9 tokens holds two 1 + 3 windows: two of three requests decode per step, with
+    full speculation, and the third waits its turn."""
+    spec = js.NGramConfig(max_draft_len=3)
+    outputs, decoded, batch = _capacity_run(9, spec, 3)
+    assert {rows for rows, _ in decoded} == {1, 2} and {k for _, k in decoded} == {3}
+    for p, out in zip(batch, outputs):
+        assert out == uncached_greedy(MODEL, p, 12)
