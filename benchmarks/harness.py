@@ -283,18 +283,21 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
     cfg = results["config"]
     methods = results["methods"]
     oracle_speedup = methods.get("oracle", {}).get("speedup")
-    hf = (f" HF runs on torch CPU ({results['hf_threads']})."
-          if results["hf_threads"] else "")
+    about = [
+        f"Prompts of {results['mean_prompt_tokens']:.0f} tokens on average (chat template "
+        f"included). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
+        "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
+        "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
+        "speedup. Peak RSS is the whole process (every model loaded).",
+        f"HF runs on torch CPU ({results['hf_threads']})." if results["hf_threads"] else "",
+        runs.load_note(*results.get("load_average", (None, None))),
+    ]
     lines = [
         f"## Workload `{results['workload']}`: batch {cfg['batch_size']}, "
         f"{results['num_prompts']} prompts, {cfg['max_new_tokens']} new tokens, "
         f"K={cfg['max_draft_len']}",
         "",
-        f"Prompts of {results['mean_prompt_tokens']:.0f} tokens on average (chat template "
-        f"included). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
-        "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
-        "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
-        "speedup. Peak RSS is the whole process (every model loaded)." + hf,
+        " ".join(filter(None, about)),
         "",
         "| method | tok/s | speedup | decode tok/s | decode speedup | acceptance rate "
         "| mean acceptance length | drafting ms/step (% of step) | step ms | % of oracle "
@@ -345,7 +348,7 @@ def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
     """
     from jaxspec import models
 
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), runs.load_average()
     conversations = workloads.load(cfg.workload, cfg.n)
     model, tokenizer = models.load(None)
     prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
@@ -362,7 +365,8 @@ def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
         else:
             hf = hf_baseline.HFModel.load()
     results = compare(model, tokenizer, prompts, cfg, hf=hf, progress=progress)
-    results.update(skipped=skipped, elapsed_s=time.perf_counter() - start)
+    results.update(skipped=skipped, elapsed_s=time.perf_counter() - start,
+                   load_average=[load_start, runs.load_average()])
     return results
 
 

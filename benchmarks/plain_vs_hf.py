@@ -49,6 +49,7 @@ def measure(*, max_new_tokens: int = 128, repeats: int = 3, use_hf: bool = True,
     """Everything the module doc lists, as a JSON-ready dict."""
     from jaxspec import models
 
+    load_start = runs.load_average()
     with tempfile.TemporaryDirectory(prefix="jaxspec-cold-cache-") as cache:
         load_cold_s = child_load_seconds(cache)
         load_warm_s = child_load_seconds(cache)
@@ -97,6 +98,7 @@ def measure(*, max_new_tokens: int = 128, repeats: int = 3, use_hf: bool = True,
     jax_side.update(_throughput([j for j, _ in rounds]))
     results = dict(prompt_tokens=len(prompt), max_new_tokens=max_new_tokens, repeats=repeats,
                    jaxspec=jax_side, hf=hf_side, skipped=reason,
+                   load_average=[load_start, runs.load_average()],
                    same_tokens_as_warmup=all(j.outputs == first.outputs for j, _ in rounds))
     if hf is not None:
         hf_side.update(_throughput([h for _, h in rounds]))
@@ -129,7 +131,8 @@ def markdown(results: dict) -> str:
         f"One code-editing prompt ({results['prompt_tokens']} tokens), up to "
         f"{results['max_new_tokens']} new tokens, the same token ids and GGUF model on both "
         f"sides; medians of {results['repeats']} alternating rounds after one untimed pass each. "
-        "Memory: peak RSS while loading and making the first call, minus RSS before loading.",
+        "Memory: peak RSS while loading and making the first call, minus RSS before loading. "
+        + runs.load_note(*results.get("load_average", (None, None))),
         "",
         "| | jaxspec (XLA CPU) | HF transformers (torch CPU"
         + (f", {h['threads']})" if h else ")") + " |",

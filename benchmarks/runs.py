@@ -15,6 +15,7 @@ Throughput conventions, the same for both sides:
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Sequence
 
@@ -87,6 +88,22 @@ class CompileCounter:
 
         jax.monitoring.unregister_event_duration_listener(self._listen)
         return False
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def load_note(start: float | None, end: float | None) -> str:
+    """A sentence on how busy the machine was: above the core count, timings were shared."""
+    if start is None or end is None:
+        return ""
+    return (f"1-minute load average {start:.1f} at the start and {end:.1f} at the end, on "
+            f"{os.cpu_count()} cores (above the core count, other work shared the CPU).")
 
 
 def stop_ids(tokenizer) -> tuple[int, ...]:

@@ -156,7 +156,7 @@ def markdown(results: dict, *, workload: str, plot: pathlib.Path | None = None) 
         f"(prefill left out) and, in brackets, tok/s with prefill; medians of "
         f"{results['repeats']} rounds. *K* is the mean draft length per step. The goal: "
         f"schedule and AUTO within {TOLERANCE:.0%} of the best of {{fixed K, off}} (decode "
-        "tok/s).",
+        "tok/s). " + runs.load_note(*results.get("load_average", (None, None))),
         "",
         "| batch | off | fixed K | schedule | schedule K | AUTO | AUTO K "
         "| schedule / best | AUTO / best |",
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jaxspec import models
 
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), runs.load_average()
     batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     try:
         conversations = workloads.load(args.workload, max(batch_sizes))
@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
                     schedule=parse_schedule(args.schedule), repeats=args.repeats,
                     progress=not args.no_progress)
+    results["load_average"] = [load_start, runs.load_average()]
     plot = None
     if args.plots is not None:
         from benchmarks import plots

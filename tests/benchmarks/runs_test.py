@@ -44,3 +44,10 @@ def test_compile_counter_counts_new_compilations_only():
         f(x).block_until_ready()
     assert first.count >= 1 and first.seconds > 0
     assert again.count == 0
+
+
+def test_load_note():
+    assert runs.load_note(None, 1.0) == ""
+    note = runs.load_note(3.25, 0.5)
+    assert note.startswith("1-minute load average 3.2 at the start and 0.5 at the end, on ")
+    assert isinstance(runs.load_average(), float)
