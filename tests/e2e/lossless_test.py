@@ -2,8 +2,9 @@
 speculation equals its output without it, token for token.
 
 Each example is a workload of 1-8 requests with mixed prompt and output lengths, some joining the
-run after it started (the executor is driven directly), prompts drawn from 2-4 token ids so the
-text repeats and drafts really get accepted, and a random valid draft-length schedule. Every drafter
+run after it started and some cancelled before the end (the executor is driven directly), prompts
+drawn from 2-4 token ids so the text repeats and drafts really get accepted, sometimes a stop
+token, and a random valid draft-length schedule. Every drafter
 path runs: the suffix automaton (longest match, fixed n-gram size, global pool), the n-gram pool,
 and a user `Drafter` subclass. The reference is the plain engine at batch size 1: greedy output
 depends only on the prompt.
@@ -75,6 +76,12 @@ class Arrival:
     step: int                     # executor iterations run before the request is added
     prompt: tuple[int, ...]
     max_new_tokens: int
+    stop: int | None              # a stop token id
+    cancel_after: int | None      # iterations after which the request is cancelled
+
+    def expected(self) -> list[int]:
+        out = REFERENCE[self.prompt][:self.max_new_tokens]
+        return out[:out.index(self.stop) + 1] if self.stop in out else out
 
 
 @st.composite
@@ -99,7 +106,9 @@ def workloads(draw):
             step=0 if i == 0 else draw(st.integers(0, 8)),
             prompt=tuple(draw(st.lists(st.sampled_from(alphabet), min_size=1,
                                        max_size=MAX_PROMPT))),
-            max_new_tokens=draw(st.integers(1, MAX_NEW))))
+            max_new_tokens=draw(st.integers(1, MAX_NEW)),
+            stop=draw(st.one_of(st.none(), st.sampled_from(alphabet))),
+            cancel_after=draw(st.one_of(st.none(), st.none(), st.integers(1, 10)))))
     return sorted(arrivals, key=lambda a: a.step)
 
 
@@ -119,15 +128,22 @@ REFERENCE = _References()
 
 
 def run_workload(executor, arrivals) -> dict[int, Arrival]:
-    """Adds each request after its number of iterations and runs until every request finished."""
+    """Adds each request after its number of iterations, cancels those due, and runs until every
+    request finished."""
     pending = collections.deque(arrivals)
-    added = {}
+    added, cancels = {}, collections.defaultdict(list)
     step = 0
     while pending or executor.has_work():
         while pending and pending[0].step <= step:
             a = pending.popleft()
             params = requests_lib.SamplingParams(max_new_tokens=a.max_new_tokens)
-            added[executor.add_request(a.prompt, params, frozenset())] = a
+            stops = frozenset() if a.stop is None else frozenset([a.stop])
+            rid = executor.add_request(a.prompt, params, stops)
+            added[rid] = a
+            if a.cancel_after is not None:
+                cancels[step + a.cancel_after].append(rid)
+        for rid in cancels.pop(step, []):
+            executor.cancel(rid)
         if executor.has_work():
             executor.step()
         step += 1
@@ -145,7 +161,11 @@ def test_greedy_speculation_is_lossless(drafter):
         executor = engine_lib.Engine(MODEL, spec=spec, scheduler=CONFIG).executor
         added = run_workload(executor, arrivals)
         for rid, a in added.items():
-            assert executor.requests[rid].output == REFERENCE[a.prompt][:a.max_new_tokens], a
+            r = executor.requests[rid]
+            if r.finish_reason == "cancelled":
+                assert r.output == a.expected()[:len(r.output)], a
+            else:
+                assert r.output == a.expected(), a
         stats = executor.stats
         if isinstance(spec, RepeatLastDrafter):
             assert stats.drafted == spec.drafted
