@@ -1,7 +1,9 @@
 """Builds a `LlamaForCausalLM` from host arrays, without paying for random initialization.
 
-Both loaders reduce a checkpoint to one dict keyed by the model's own parameter paths, in its own
-layout (linear kernels [in, out], decoder weights stacked on a leading layer axis):
+Both loaders reduce a checkpoint to one dict in a canonical layout (linear kernels [in, out],
+decoder weights stacked on a leading layer axis, which is also how the GGUF weight cache stores
+them); `build_model` splits the stacks into the model's per-layer parameters
+(`layers.<i>.q_proj.kernel`, ...) and `flat_params` stacks them back:
 
     embed.embedding            [V, D]
     layers.q_proj.kernel       [L, D, Hq * hd]      (likewise k_proj, v_proj, o_proj,
@@ -17,16 +19,33 @@ from flax import nnx
 from jaxspec.models import llama
 
 
-def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter path of the model for `cfg`, with its shape (computed abstractly)."""
+def _model_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The model's own parameter paths (per layer) with their shapes, computed abstractly."""
     abstract = nnx.eval_shape(lambda: llama.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)))
     return {".".join(map(str, path)): tuple(v.shape)
             for path, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
 
 
+def _canonical_name(path: str) -> tuple[str, int | None]:
+    """`layers.3.q_proj.kernel` -> (`layers.q_proj.kernel`, 3); other paths -> (path, None)."""
+    parts = path.split(".")
+    if parts[0] == "layers":
+        return ".".join([parts[0]] + parts[2:]), int(parts[1])
+    return path, None
+
+
+def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the canonical (stacked) layout for `cfg`, with its shape."""
+    shapes = {}
+    for path, shape in _model_shapes(cfg).items():
+        name, layer = _canonical_name(path)
+        shapes[name] = shape if layer is None else (cfg.num_layers,) + shape
+    return shapes
+
+
 def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray]) -> llama.LlamaForCausalLM:
-    """The model for `cfg` holding `params` (float32 copies on the default device, so a
-    memory-mapped cache file is read once, here).
+    """The model for `cfg` holding `params` (canonical layout; float32 copies on the default
+    device, so a memory-mapped cache file is read once, here).
 
     Raises:
       ValueError: a parameter is missing, unexpected, or has the wrong shape.
@@ -43,13 +62,27 @@ def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray]) -> llama.
                              f"expected {shape}")
     abstract = nnx.eval_shape(lambda: llama.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    flat = [(path, var.replace(jax.device_put(np.asarray(params[".".join(map(str, path))],
-                                                         np.float32))))
-            for path, var in nnx.to_flat_state(state)]
+
+    def value(path):
+        name, layer = _canonical_name(".".join(map(str, path)))
+        array = params[name] if layer is None else params[name][layer]
+        return jax.device_put(np.asarray(array, np.float32))
+
+    flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def flat_params(model: llama.LlamaForCausalLM) -> dict[str, np.ndarray]:
-    """The model's parameters as host arrays keyed by path: the inverse of `build_model`."""
-    return {".".join(map(str, path)): np.asarray(var[...])
-            for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    """The model's parameters as host arrays in the canonical layout: the inverse of
+    `build_model`."""
+    per_layer: dict[str, dict[int, np.ndarray]] = {}
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name, layer = _canonical_name(".".join(map(str, path)))
+        if layer is None:
+            out[name] = np.asarray(var[...])
+        else:
+            per_layer.setdefault(name, {})[layer] = np.asarray(var[...])
+    for name, layers in per_layer.items():
+        out[name] = np.stack([layers[i] for i in range(len(layers))])
+    return out

@@ -33,7 +33,8 @@ def tiny_model(seed: int = 0, **overrides) -> llama.LlamaForCausalLM:
     """A randomly initialized tiny model; the same seed and overrides give the same weights."""
     model = llama.LlamaForCausalLM(tiny_config(**overrides), rngs=nnx.Rngs(seed))
     key = jax.random.key(seed)
-    for norm in (model.layers.input_norm, model.layers.post_norm, model.norm):
+    norms = [l.input_norm for l in model.layers] + [l.post_norm for l in model.layers]
+    for norm in norms + [model.norm]:
         key, sub = jax.random.split(key)
         norm.weight[...] = 1.0 + 0.1 * jax.random.normal(sub, norm.weight.shape, jnp.float32)
     return model

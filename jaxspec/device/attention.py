@@ -21,14 +21,15 @@ from jaxspec.device import kv_cache
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
-def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages: jax.Array,
-                    v_pages: jax.Array, view: kv_cache.CacheView) -> jax.Array:
+def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cache.KVPages,
+                    layer: int, view: kv_cache.CacheView) -> jax.Array:
     """Attention for one layer.
 
     Args:
       q: f32[B, T, Hq, D] queries of the new tokens (RoPE applied).
       k_new, v_new: f32[B, T, Hkv, D] keys (RoPE applied) and values of the new tokens.
-      k_pages, v_pages: f32[num_pages, page_size, Hkv, D] this layer's cache pages.
+      kv: the cache pages of every layer.
+      layer: static index of this layer's pages.
       view: the rows' page tables and lengths; attention reads `view.read_table`.
 
     Returns:
@@ -50,8 +51,8 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages: j
 
     table = view.read_table
     if table.shape[1]:
-        ko = jnp.transpose(kv_cache.gather_layer(k_pages, table), (0, 2, 1, 3))   # [B, Hkv, S, D]
-        vo = jnp.transpose(kv_cache.gather_layer(v_pages, table), (0, 2, 1, 3))
+        ko = jnp.transpose(kv_cache.gather_layer(kv.k, layer, table), (0, 2, 1, 3))  # [B,Hkv,S,D]
+        vo = jnp.transpose(kv_cache.gather_layer(kv.v, layer, table), (0, 2, 1, 3))
         s_old = jnp.einsum("bhqd,bhsd->bhqs", qh, ko)                     # [B, Hkv, G*T, S]
         cached = jnp.arange(ko.shape[2])[None, :] < view.lengths[:, None]  # [B, S]
         s_old = jnp.where(cached[:, None, None, :], s_old, MASK_VALUE)

@@ -92,19 +92,23 @@ def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads:
     return KVPages(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
-def gather_layer(pages: jax.Array, page_table: jax.Array) -> jax.Array:
+def gather_layer(pages: jax.Array, layer: int, page_table: jax.Array) -> jax.Array:
     """One layer's cached slots of every row, in position order.
 
+    Indexes layer and pages in one gather, so only the gathered pages are read (slicing the layer
+    out first would copy all of its pages).
+
     Args:
-      pages: f32[num_pages, page_size, H, D] one layer of K or V.
+      pages: f32[num_layers, num_pages, page_size, H, D] K or V.
+      layer: static layer index.
       page_table: i32[B, P].
 
     Returns:
       f32[B, P * page_size, H, D]; slot s of row b holds position s (valid for s < lengths[b]).
     """
     b, p = page_table.shape
-    _, page_size, h, d = pages.shape
-    return pages[page_table].reshape(b, p * page_size, h, d)
+    _, _, page_size, h, d = pages.shape
+    return pages[layer, page_table].reshape(b, p * page_size, h, d)
 
 
 def write_slots(view: CacheView, num_tokens: int, page_size: int) -> tuple[jax.Array, jax.Array]:
