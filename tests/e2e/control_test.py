@@ -94,6 +94,11 @@ def test_gate_switches_speculation_off_for_good(uncached_greedy):
     assert drafter.calls == 6
     stats = executor.stats
     assert (stats.drafted, stats.accepted) == (6 * 2 * 3, 4 * 2 * 3)
+    # Metrics: 8 verify rows committed 3 drafts + the bonus token; every other row committed one.
+    assert stats.acceptance_lengths == {4: 8, 1: stats.request_steps - 8}
+    assert stats.per_position_acceptance() == [8 / 12] * 3
+    assert stats.acceptance_rate == 24 / 36
+    assert stats.mean_acceptance_length == (24 + stats.request_steps) / stats.request_steps
     for rid, p in zip(ids, batch):
         assert executor.requests[rid].output == drafter.truth[rid][len(p):]
 

@@ -1,7 +1,8 @@
 """Lossless speculation, property-tested on the tiny model: every request's greedy output with
 speculation equals its output without it, token for token.
 
-Each example is a workload of 1-8 requests with mixed prompt and output lengths, some joining the
+Each example is a workload of 1-10 requests (at most 8 run at once: later ones wait for a batch row
+and reuse freed pages and automaton slots) with mixed prompt and output lengths, some joining the
 run after it started and some cancelled before the end (the executor is driven directly), prompts
 drawn from 2-4 token ids so the text repeats and drafts really get accepted, sometimes a stop
 token, and a random valid draft-length schedule. Every drafter
@@ -101,7 +102,7 @@ def workloads(draw):
     alphabet = draw(st.lists(st.integers(0, MODEL.vocab_size - 1), min_size=2, max_size=4,
                              unique=True))
     arrivals = []
-    for i in range(draw(st.integers(1, 8))):
+    for i in range(draw(st.integers(1, CONFIG.max_batch_size + 2))):
         arrivals.append(Arrival(
             step=0 if i == 0 else draw(st.integers(0, 8)),
             prompt=tuple(draw(st.lists(st.sampled_from(alphabet), min_size=1,
