@@ -115,6 +115,8 @@ def _summary(timed: list[runs.Run], plain: list[runs.Run], warmup: runs.Run | No
     out = dict(
         tokens_per_s=_median(r.tokens_per_s for r in timed),
         tokens_per_s_runs=[round(r.tokens_per_s, 3) for r in timed],
+        decode_tokens_per_s_runs=[None if r.decode_tokens_per_s is None
+                                  else round(r.decode_tokens_per_s, 3) for r in timed],
         speedup=_median(r.tokens_per_s / p.tokens_per_s for r, p in zip(timed, plain, strict=True)),
         decode_tokens_per_s=_median(r.decode_tokens_per_s for r in timed),
         decode_speedup=_median(
@@ -140,19 +142,23 @@ def _summary(timed: list[runs.Run], plain: list[runs.Run], warmup: runs.Run | No
     return out
 
 
-def ratio(results: dict, numerator: str, denominator: str) -> float | None:
+def ratio(results: dict, numerator: str, denominator: str, *,
+          decode: bool = False) -> float | None:
     """Median over rounds of numerator's tokens/s over denominator's, None if either is absent.
 
-    Against the oracle it is the ratio of speedups: the share of the ceiling reached.
+    Against the oracle it is the ratio of speedups: the share of the ceiling reached. With
+    `decode`, decode tokens/s (prefill left out) instead.
     """
     methods = results["methods"]
     if numerator not in methods or denominator not in methods:
         return None
     if denominator == "oracle":
-        return methods[numerator]["speedup"] / methods["oracle"]["speedup"]
-    pairs = zip(methods[numerator]["tokens_per_s_runs"], methods[denominator]["tokens_per_s_runs"],
-                strict=True)
-    return _median(a / b for a, b in pairs)
+        key = "decode_speedup" if decode else "speedup"
+        num, den = methods[numerator][key], methods["oracle"][key]
+        return None if num is None or not den else num / den
+    key = "decode_tokens_per_s_runs" if decode else "tokens_per_s_runs"
+    pairs = zip(methods[numerator][key], methods[denominator][key], strict=True)
+    return _median(a / b for a, b in pairs if a is not None and b)
 
 
 class OutputChecker:
@@ -251,7 +257,7 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
     return dict(
         workload=cfg.workload, config=dataclasses.asdict(cfg), num_prompts=len(prompts),
         mean_prompt_tokens=statistics.mean(map(len, prompts)),
-        hf_threads=None if hf is None else hf.threads_note,
+        hf_runtime=None if hf is None else hf.threads_note,
         methods={m: _summary(timed[m], timed["plain"], warmups.get(m)) for m in methods},
         mismatches=checker.mismatches)
 
@@ -261,14 +267,19 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
 
 
 def goal_lines(results: dict) -> list[str]:
-    """The issue's goals that apply to this workload, met or not."""
+    """The issue's goals that apply to this workload, met or not.
+
+    A ratio goal is judged on tokens/s as a user sees it (prefill included); the decode-only
+    ratio is shown beside it, since prefill weighs heavily on short replies.
+    """
     lines = []
     for num, den, minimum in GOALS.get(results["workload"], ()):
         value = ratio(results, num, den)
         if value is not None:
             verdict = "met" if value >= minimum else "not met"
             lines.append(f"- {LABELS[num]} / {LABELS[den]}: {value:.3f} "
-                         f"(goal >= {minimum}: {verdict})")
+                         f"(goal >= {minimum}: {verdict}; decode only: "
+                         f"{_fmt(ratio(results, num, den, decode=True), '.3f')})")
     for method in ("sa", "auto"):
         pct = results["methods"].get(method, {}).get("drafting_overhead_pct")
         if pct is not None:
@@ -289,7 +300,7 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
         "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
         "speedup. Peak RSS is the whole process (every model loaded).",
-        f"HF runs on torch CPU ({results['hf_threads']})." if results["hf_threads"] else "",
+        f"HF runs on torch CPU ({results['hf_runtime']})." if results["hf_runtime"] else "",
         runs.load_note(*results.get("load_average", (None, None))),
     ]
     lines = [

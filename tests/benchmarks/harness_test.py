@@ -122,6 +122,8 @@ def test_protocol_and_arithmetic(scripted):
     assert harness.ratio(results, "hf_pld", "hf_greedy") == 2.0
     assert harness.ratio(results, "sa", "oracle") == pytest.approx(1.0 / m["oracle"]["speedup"])
     assert harness.ratio(results, "sa", "missing") is None
+    # decode tok/s per round: plain 28, 4, 4 and SA 28, 28, 4.
+    assert harness.ratio(results, "sa", "plain", decode=True) == pytest.approx(1.0)
     assert results["mismatches"] == []
     json.dumps(results)
     text = harness.markdown(results)
@@ -129,7 +131,7 @@ def test_protocol_and_arithmetic(scripted):
                text.splitlines()) == len(harness.METHODS)
     assert "token-identical" in text
     goals = harness.goal_lines(results)
-    assert any("SA / HF prompt lookup" in g for g in goals)
+    assert any("SA / HF prompt lookup" in g and "decode only: " in g for g in goals)
     assert any("drafting overhead: 1.00%" in g and ": met" in g for g in goals)
 
 
