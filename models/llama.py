@@ -144,7 +144,13 @@ class LlamaForCausalLM(nnx.Module):
             x, k, v = layer(x, positions, kv, i, view)
             new_k.append(k)
             new_v.append(v)
-        return self.norm(x), kv_cache.write(kv, jnp.stack(new_k), jnp.stack(new_v), view)
+        x = self.norm(x)
+        # Rows whose forward went non-finite write nothing. The check also makes the cache write
+        # depend on every layer's read of the cache (through x), which lets XLA update the
+        # donated pages in place; without a data dependency it copies the whole cache per step.
+        finite = jnp.all(jnp.isfinite(x), axis=(1, 2))
+        view = view.replace(num_new=jnp.where(finite, view.num_new, 0))
+        return x, kv_cache.write(kv, jnp.stack(new_k), jnp.stack(new_v), view)
 
     def logits(self, hidden):
         if self.lm_head is None:
