@@ -284,8 +284,9 @@ def goal_lines(results: dict) -> list[str]:
         pct = results["methods"].get(method, {}).get("drafting_overhead_pct")
         if pct is not None:
             verdict = "met" if pct < MAX_DRAFTING_OVERHEAD_PCT else "not met"
-            lines.append(f"- {LABELS[method]} drafting overhead: {pct:.2f}% of step time "
-                         f"(goal < {MAX_DRAFTING_OVERHEAD_PCT}%: {verdict})")
+            lines.append(f"- {LABELS[method]} host drafting overhead: {pct:.2f}% of step time "
+                         f"(goal < {MAX_DRAFTING_OVERHEAD_PCT}%: {verdict}; the device part is "
+                         "in `sa_overhead`)")
     return lines
 
 
@@ -299,7 +300,10 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         f"included). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
         "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
         "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
-        "speedup. Peak RSS is the whole process (every model loaded).",
+        "speedup. *Drafting* is host time per step: drafting for NGram and the oracle, slot "
+        "bookkeeping for SA and AUTO, whose automaton extends and drafts on the device inside the "
+        "step (its cost there is in the `sa_overhead` section). Peak RSS is the whole process "
+        "(every model loaded).",
         f"HF runs on torch CPU ({results['hf_runtime']})." if results["hf_runtime"] else "",
         runs.load_note(*results.get("load_average", (None, None))),
     ]

@@ -97,7 +97,10 @@ def _one_batch_size(model, tokenizer, prompts, *, batch_size: int, max_new_token
             tokens_per_s=statistics.median(r.tokens_per_s for r in passes),
             decode_tokens_per_s=statistics.median(r.decode_tokens_per_s for r in passes),
             k_mean=stats["k_mean"], acceptance_rate=stats["acceptance_rate"],
-            mean_acceptance_length=stats["mean_acceptance_length"])
+            mean_acceptance_length=stats["mean_acceptance_length"],
+            step_ms=statistics.median(r.stats["mean_step_time_ms"] for r in passes),
+            drafting_ms=statistics.median(r.stats["drafting_overhead_ms_per_step"]
+                                          for r in passes))
     decode = {m: r["decode_tokens_per_s"] for m, r in row["methods"].items()}
     best = max(decode["fixed"], decode["off"])
     for method in ("schedule", "auto"):
@@ -154,20 +157,23 @@ def markdown(results: dict, *, workload: str, plot: pathlib.Path | None = None) 
         f"{{{schedule}}}, AUTO, and no speculation; batch B runs the workload's first B prompts "
         f"as one batch, {results['max_new_tokens']} new tokens each. Cells: decode tok/s "
         f"(prefill left out) and, in brackets, tok/s with prefill; medians of "
-        f"{results['repeats']} rounds. *K* is the mean draft length per step. The goal: "
+        f"{results['repeats']} rounds. *K* is the mean draft length per step. *AUTO drafting*: "
+        "its host time per step (automaton slot bookkeeping) as a share of the step. The goal: "
         f"schedule and AUTO within {TOLERANCE:.0%} of the best of {{fixed K, off}} (decode "
         "tok/s). " + runs.load_note(*results.get("load_average", (None, None))),
         "",
-        "| batch | off | fixed K | schedule | schedule K | AUTO | AUTO K "
+        "| batch | off | fixed K | schedule | schedule K | AUTO | AUTO K | AUTO drafting "
         "| schedule / best | AUTO / best |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in results["rows"]:
         m = row["methods"]
         lines.append(
             f"| {row['batch_size']} | {_cell(m['off'])} | {_cell(m['fixed'])} "
             f"| {_cell(m['schedule'])} | {m['schedule']['k_mean']:.2f} | {_cell(m['auto'])} "
-            f"| {m['auto']['k_mean']:.2f} | {_verdict(row, 'schedule')} "
+            f"| {m['auto']['k_mean']:.2f} "
+            f"| {100 * m['auto']['drafting_ms'] / m['auto']['step_ms']:.2f}% "
+            f"| {_verdict(row, 'schedule')} "
             f"| {_verdict(row, 'auto')} |")
     met = all(row["schedule_ok"] for row in results["rows"])
     lines += ["", f"Schedule within {TOLERANCE:.0%} of the best at every batch size: "

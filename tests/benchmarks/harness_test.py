@@ -132,7 +132,7 @@ def test_protocol_and_arithmetic(scripted):
     assert "token-identical" in text
     goals = harness.goal_lines(results)
     assert any("SA / HF prompt lookup" in g and "decode only: " in g for g in goals)
-    assert any("drafting overhead: 1.00%" in g and ": met" in g for g in goals)
+    assert any("drafting overhead: 1.00%" in g and ": met;" in g for g in goals)
 
 
 def test_mismatches_are_reported_once_against_the_right_reference(scripted, capsys):

@@ -30,7 +30,8 @@ def calls(monkeypatch):
         method, b = method_of(spec), scheduler.max_batch_size
         assert len(prompts) == b
         seen.append((method, b))
-        stats = dict(k_mean=2.0, acceptance_rate=0.5, mean_acceptance_length=2.0)
+        stats = dict(k_mean=2.0, acceptance_rate=0.5, mean_acceptance_length=2.0,
+                     mean_step_time_ms=40.0, drafting_overhead_ms_per_step=0.2)
         return runs.Run(outputs=[[7] * 11 for _ in prompts], wall_s=WALLS[method, b] * b,
                         prefill_s=0.0, stats=stats)
 
@@ -66,6 +67,7 @@ def test_check_within_five_percent_of_the_best(calls):
     json.dumps(results)
     text = sweep.markdown(results, workload="humaneval")
     assert "0.900 MISSED" in text and "0.960 ok" in text
+    assert "| 0.50% |" in text
     assert "at every batch size: no" in text
 
 
