@@ -21,7 +21,7 @@ def make_request(rid, prompt_len, max_new_tokens=8):
 
 
 def commit_prefill(batch):
-    """What the executor does after a prefill: cache the chunk; a finished prompt starts decoding."""
+    """What the executor does after a prefill: cache the chunk; a whole prompt starts decoding."""
     for c in batch.prefill:
         c.request.num_cached += c.length
         if c.completes_prompt:
