@@ -235,11 +235,11 @@ class Executor:
         max_cols = self.config.pages_per_seq(self.policy.max_draft_len if self.policy else 0)
         return min(_pow2_at_least(self.scheduler.allocator.pages_for(num_tokens)), max_cols)
 
-    def _view(self, reqs, rows: int, lengths, num_new) -> kv_cache.CacheView:
-        """Rows' page tables, wide enough for every write. Attention reads all of it, unless
-        nothing is cached yet (first prompt chunks): then it reads nothing. One read width per
-        table width keeps the compile count at one per bucket."""
-        cols = self._cols(max(a + n for a, n in zip(lengths, num_new)))
+    def _view(self, reqs, rows: int, lengths, num_new, span: int) -> kv_cache.CacheView:
+        """Rows' page tables, `span` slots wide (rounded up to a bucket). Attention reads all of
+        it, unless nothing is cached yet (first prompt chunks): then it reads nothing. One read
+        width per table width keeps the compile count at one per bucket."""
+        cols = self._cols(span)
         table = np.zeros((rows, cols), np.int32)
         for i, r in enumerate(reqs):
             table[i] = r.pages.table_row(cols)
@@ -258,7 +258,8 @@ class Executor:
         for i, c in enumerate(chunks):
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
-        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
+        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks],
+                          span=max(c.start + c.length for c in chunks))
         self.kv, first = step_lib.prefill(
             self.params, self.kv, jnp.asarray(tokens), view, self._sampling_arrays(reqs, rows),
             graphdef=self.graphdef, greedy_only=all(r.params.greedy for r in reqs))
@@ -308,7 +309,11 @@ class Executor:
             slots = self.sa.prepare([r.request_id for r in reqs] + [None] * pad)
         draft_seconds = time.perf_counter() - draft_start
         # 6. Forward + verify (+ automaton extend and next drafts) in one jitted call.
-        view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs))
+        # The table spans each row's whole lifetime, so a decoding batch never crosses into a
+        # new (uncompiled) width: no compilation in steady-state decoding.
+        max_k = self.policy.max_draft_len if self.policy else 0
+        view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs),
+                          span=max(r.max_sequence_length for r in reqs) + 1 + max_k)
         inputs = step_lib.StepInputs(
             last_tokens=jnp.asarray([r.output[-1] for r in reqs] + [0] * pad, jnp.int32),
             drafts=jnp.asarray(drafts), draft_lens=jnp.asarray(draft_lens), view=view,
