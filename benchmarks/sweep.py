@@ -178,6 +178,11 @@ def markdown(results: dict, *, workload: str, plot: pathlib.Path | None = None) 
     met = all(row["schedule_ok"] for row in results["rows"])
     lines += ["", f"Schedule within {TOLERANCE:.0%} of the best at every batch size: "
               f"{'yes' if met else 'no'}."]
+    same = [str(row["batch_size"]) for row in results["rows"]
+            if row["methods"]["schedule"]["k_mean"] == row["methods"]["fixed"]["k_mean"]]
+    if same:
+        lines.append(f"At batch {', '.join(same)} the schedule drafts the same K as fixed K: the "
+                     "two run the same computation there, so their gap is this run's noise.")
     if results["mismatches"]:
         lines.append("**Token mismatches** against `off`: " + "; ".join(
             f"{x['method']} prompt {x['prompt']} token {x['position']} ({x['when']})"

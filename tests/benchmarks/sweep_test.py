@@ -69,6 +69,7 @@ def test_check_within_five_percent_of_the_best(calls):
     assert "0.900 MISSED" in text and "0.960 ok" in text
     assert "| 0.50% |" in text
     assert "at every batch size: no" in text
+    assert "At batch 1, 2 the schedule drafts the same K as fixed K" in text
 
 
 def test_refusals():
