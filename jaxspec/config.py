@@ -23,7 +23,7 @@ from jaxspec.schedule import Schedule, check_int, normalize_schedule
 ScheduleLike = Mapping[int, int] | Iterable[tuple[int, int]] | None
 
 
-def _check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
+def check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
     if window is not None:
         window = check_int("acceptance_rate_window_size", window, minimum=0)
     if threshold is not None:
@@ -66,7 +66,7 @@ class _DrafterFields:
         if self.max_concurrency is not None:
             _set(self, "max_concurrency",
                  check_int("max_concurrency", self.max_concurrency, minimum=1))
-        window, threshold = _check_gate_fields(self.acceptance_rate_window_size,
+        window, threshold = check_gate_fields(self.acceptance_rate_window_size,
                                                self.acceptance_rate_threshold)
         _set(self, "acceptance_rate_window_size", window)
         _set(self, "acceptance_rate_threshold", threshold)

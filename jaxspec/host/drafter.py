@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from jaxspec import config as config_lib
 from jaxspec import schedule as schedule_lib
 
 
@@ -61,9 +62,12 @@ class Drafter(abc.ABC):
         ``((max_concurrency, max_draft_len),)``.
       draft_len_schedule: K per batch size (see `jaxspec.schedule`); exclusive with
         `max_concurrency`.
+      acceptance_rate_window_size, acceptance_rate_threshold: the acceptance gate the executor
+        keeps for this drafter (see `jaxspec.config`); unset means no gate.
 
     Raises:
-      ValueError: an invalid length, limit or schedule, or both `max_concurrency` and a schedule.
+      ValueError: an invalid length, limit, schedule or gate field, or both `max_concurrency` and
+        a schedule.
     """
 
     def __init__(
@@ -71,6 +75,9 @@ class Drafter(abc.ABC):
         max_draft_len: int,
         max_concurrency: int | None = None,
         draft_len_schedule: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+        *,
+        acceptance_rate_window_size: int | None = None,
+        acceptance_rate_threshold: float | None = None,
     ):
         self.max_draft_len = schedule_lib.check_int("max_draft_len", max_draft_len, minimum=1)
         self.draft_len_schedule = schedule_lib.normalize_schedule(
@@ -78,6 +85,14 @@ class Drafter(abc.ABC):
         self.max_concurrency = (None if max_concurrency is None
                                 else schedule_lib.check_int("max_concurrency", max_concurrency))
         self.draft_len = self.max_draft_len
+        self.acceptance_rate_window_size, self.acceptance_rate_threshold = (
+            config_lib.check_gate_fields(acceptance_rate_window_size, acceptance_rate_threshold))
+
+    @property
+    def gate_enabled(self) -> bool:
+        """Whether the executor watches this drafter's acceptance with a `SpeculationGate`."""
+        return (bool(self.acceptance_rate_window_size)
+                and self.acceptance_rate_threshold is not None)
 
     @abc.abstractmethod
     def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:

@@ -92,10 +92,9 @@ class Executor:
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
         schedule = self.policy.draft_len_schedule if self.policy else None
         self.batch_buckets = schedule_lib.batch_buckets(scheduler_config.max_batch_size, schedule)
-        self.gate = (gate_lib.SpeculationGate(spec.acceptance_rate_window_size,
-                                              spec.acceptance_rate_threshold)
-                     if isinstance(spec, (config_lib.NGramConfig, config_lib.SAConfig))
-                     and spec.gate_enabled else None)
+        self.gate = (gate_lib.SpeculationGate(self.policy.acceptance_rate_window_size,
+                                              self.policy.acceptance_rate_threshold)
+                     if self.policy is not None and self.policy.gate_enabled else None)
         cs = model.cache_spec
         self.kv = kv_cache.init_pages(
             num_layers=cs.num_layers, num_pages=self.scheduler.allocator.num_pages,
@@ -123,8 +122,10 @@ class Executor:
             drafter = ngram.NGramDrafter(spec)
             return "host", drafter, drafter
         if isinstance(spec, config_lib.SAConfig):
-            policy = _DeviceDrafterPolicy(spec.max_draft_len,
-                                          draft_len_schedule=spec.draft_len_schedule)
+            policy = _DeviceDrafterPolicy(
+                spec.max_draft_len, draft_len_schedule=spec.draft_len_schedule,
+                acceptance_rate_window_size=spec.acceptance_rate_window_size,
+                acceptance_rate_threshold=spec.acceptance_rate_threshold)
             return ("sa_global" if spec.enable_global_pool else "sa"), policy, None
         raise TypeError(f"spec must be None, NGramConfig, SAConfig, AutoConfig or a Drafter, "
                         f"got {type(spec).__name__}")

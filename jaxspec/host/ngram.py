@@ -238,7 +238,9 @@ class NGramDrafter(Drafter):
 
     def __init__(self, config: NGramConfig, *, max_pool_entries: int = DEFAULT_MAX_POOL_ENTRIES,
                  eviction: str = "lru"):
-        super().__init__(config.max_draft_len, config.max_concurrency, config.draft_len_schedule)
+        super().__init__(config.max_draft_len, draft_len_schedule=config.draft_len_schedule,
+                         acceptance_rate_window_size=config.acceptance_rate_window_size,
+                         acceptance_rate_threshold=config.acceptance_rate_threshold)
         self.config = config
         self.pool = NGramPool(
             config.max_draft_len,

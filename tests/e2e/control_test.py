@@ -71,14 +71,16 @@ def test_configs_carry_the_gate():
     assert (gate.window, gate.threshold) == (3, 0.5)
     assert engine_lib.Engine(MODEL, spec=js.NGramConfig(max_draft_len=3),
                              scheduler=CONFIG).executor.gate is None
+    sa = js.SAConfig(max_draft_len=3, acceptance_rate_window_size=5, acceptance_rate_threshold=0.2)
+    gate = engine_lib.Engine(MODEL, spec=sa, scheduler=CONFIG).executor.gate
+    assert (gate.window, gate.threshold) == (5, 0.2)
 
 
 def test_gate_switches_speculation_off_for_good(uncached_greedy):
-    drafter = OracleThenGarbageDrafter(max_draft_len=3, good_calls=4)
+    drafter = OracleThenGarbageDrafter(max_draft_len=3, good_calls=4,
+                                       acceptance_rate_window_size=3,
+                                       acceptance_rate_threshold=0.5)
     executor = engine_lib.Engine(MODEL, spec=drafter, scheduler=CONFIG).executor
-    # A Drafter instance carries no gate settings (they belong to the configs); install the gate
-    # the executor builds for a config with acceptance_rate_window_size=3, threshold=0.5.
-    executor.gate = js.SpeculationGate(3, 0.5)
     batch = prompts(0, [9, 13])
     ids = []
     for p in batch:

@@ -184,3 +184,30 @@ class UserDefinedDrafterTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class DrafterGateFieldsTest(parameterized.TestCase):
+
+    def test_no_gate_by_default(self):
+        self.assertFalse(EmptyDrafter(max_draft_len=2).gate_enabled)
+
+    @parameterized.named_parameters(
+        dict(testcase_name="both", window=4, threshold=0.3, enabled=True),
+        dict(testcase_name="window_zero", window=0, threshold=0.3, enabled=False),
+        dict(testcase_name="no_threshold", window=4, threshold=None, enabled=False),
+    )
+    def test_gate_enabled(self, window, threshold, enabled):
+        drafter = EmptyDrafter(max_draft_len=2, acceptance_rate_window_size=window,
+                               acceptance_rate_threshold=threshold)
+        self.assertEqual(drafter.gate_enabled, enabled)
+
+    @parameterized.named_parameters(
+        dict(testcase_name="threshold_above_one", window=4, threshold=1.5,
+             match="acceptance_rate_threshold"),
+        dict(testcase_name="negative_window", window=-1, threshold=0.5,
+             match="acceptance_rate_window_size"),
+    )
+    def test_bad_gate_fields(self, window, threshold, match):
+        with self.assertRaisesRegex(ValueError, match):
+            EmptyDrafter(max_draft_len=2, acceptance_rate_window_size=window,
+                         acceptance_rate_threshold=threshold)
