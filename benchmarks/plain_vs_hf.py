@@ -153,7 +153,7 @@ def markdown(results: dict) -> str:
     if h:
         verdict = "met" if results["ratio"] >= 1.0 else "not met"
         mismatch = results["first_mismatch_vs_hf"]
-        lines += [f"jaxspec / HF tokens/s: **{results['ratio']:.2f}x** (goal >= 1.0: {verdict}). "
+        lines += [f"jaxspec / HF tokens/s: **{results['ratio']:.3f}x** (goal >= 1.0: {verdict}). "
                   + ("Both generate the same tokens." if mismatch is None else
                      f"**MISMATCH**: the outputs differ from generated token {mismatch}.")]
     else:

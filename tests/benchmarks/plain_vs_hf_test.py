@@ -16,7 +16,7 @@ def test_markdown_with_hf():
     text = plain_vs_hf.markdown(results)
     assert "| tokens/s (prefill included) | 5.00 | 4.00 |" in text
     assert "cold 8.0 s, warm 0.4 s | 20.0 s" in text
-    assert "**1.25x** (goal >= 1.0: met)" in text
+    assert "**1.250x** (goal >= 1.0: met)" in text
     assert "MISMATCH" in text and "token 7" in text
 
 
