@@ -17,13 +17,12 @@ from jaxspec import config
 from jaxspec import engine as engine_lib
 from jaxspec.host import scheduler as scheduler_lib
 
-MAX_NEW = 40
-SEQ = 1024
-
-
-def _config(batch):
-    return scheduler_lib.SchedulerConfig(max_batch_size=batch, max_seq_len=SEQ,
-                                         max_num_tokens=1024, prefill_chunk=512)
+MAX_NEW = 32
+SEQ = 640
+# One engine per method, batch capacity 4: "batch 1" runs each prompt alone through it, so both
+# batch sizes share the compiled buckets (rows 1, 2, 4).
+CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=SEQ, max_num_tokens=1024,
+                                       prefill_chunk=512)
 
 
 @pytest.fixture(scope="module")
@@ -35,31 +34,31 @@ def real_prompts(smollm2):
     for name in ("code_editing", "document_qa"):
         fits = [c.turns[0] for c in workloads.load(name)
                 if len(tok.encode(tok.apply_chat_template(
-                    [{"role": "user", "content": c.turns[0]}]))) + MAX_NEW <= 700]
+                    [{"role": "user", "content": c.turns[0]}]))) + MAX_NEW <= 560]
         picked += fits[:3]
     assert len(picked) == 6
     return picked
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(spec_name: str, batch: int):
+def _engine(spec_name: str):
     from jaxspec.models import registry
 
     model, tok = registry.load(None)
     spec = {"none": None, "sa": config.SAConfig(max_draft_len=5),
             "ngram": config.NGramConfig(max_draft_len=5, max_matching_ngram_size=3)}[spec_name]
-    return engine_lib.Engine(model, tok, spec=spec, scheduler=_config(batch))
+    return engine_lib.Engine(model, tok, spec=spec, scheduler=CONFIG)
 
 
 @pytest.fixture(scope="module")
 def plain_outputs(real_prompts):
-    result = _engine("none", 4).generate_batch(real_prompts, max_new_tokens=MAX_NEW)
+    result = _engine("none").generate_batch(real_prompts, max_new_tokens=MAX_NEW)
     return [g.token_ids for g in result.generations]
 
 
 def test_greedy_equals_uncached_argmax_and_is_deterministic(smollm2, uncached_greedy):
     model, tok = smollm2
-    engine = _engine("none", 1)
+    engine = _engine("none")
     prompt = engine.encode_prompt("Write a Python function that returns the square of a number.")
     first = engine.generate(prompt, max_new_tokens=32).token_ids
     assert engine.generate(prompt, max_new_tokens=32).token_ids == first
@@ -69,12 +68,19 @@ def test_greedy_equals_uncached_argmax_and_is_deterministic(smollm2, uncached_gr
 @pytest.mark.parametrize("spec_name", ["sa", "ngram"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_speculation_is_lossless_on_real_prompts(real_prompts, plain_outputs, spec_name, batch):
-    result = _engine(spec_name, batch).generate_batch(real_prompts, max_new_tokens=MAX_NEW)
-    for got, want in zip(result.generations, plain_outputs):
+    engine = _engine(spec_name)
+    if batch == 4:
+        results = [engine.generate_batch(real_prompts, max_new_tokens=MAX_NEW)]
+    else:
+        results = [engine.generate_batch([p], max_new_tokens=MAX_NEW) for p in real_prompts]
+    generations = [g for r in results for g in r.generations]
+    for got, want in zip(generations, plain_outputs, strict=True):
         assert got.token_ids == want
-    # Speculation really happened: real prompts repeat text, so drafts get accepted.
-    assert result.stats["accepted"] > 0
-    assert result.stats["mean_acceptance_length"] > 1.5
+    # Speculation really happened: real prompts repeat text, so drafts get accepted (pooled over
+    # the prompts: the model paraphrases some of the QA answers).
+    accepted = sum(g.stats["accepted"] for g in generations)
+    steps = sum(g.stats["verify_steps"] for g in generations)
+    assert (accepted + steps) / steps > 1.5
 
 
 def test_cli_json_sa_on_a_code_edit(tmp_path, capsys):
@@ -84,7 +90,7 @@ def test_cli_json_sa_on_a_code_edit(tmp_path, capsys):
     for spec in ("none", "sa"):
         code = cli.main(["generate", "--spec", spec, "--prompt-file", str(prompt_file), "--json",
                          "--max-new-tokens", "96", "--max-seq-len", str(SEQ),
-                         "--max-batch-size", "1", "--compile-cache", ""])
+                         "--max-batch-size", "4", "--compile-cache", ""])
         assert code == 0
         outputs[spec] = json.loads(capsys.readouterr().out)
     assert outputs["sa"]["token_ids"] == outputs["none"]["token_ids"]
