@@ -32,7 +32,9 @@ def _add_generate(sub):
     p.add_argument("--max-draft-len", type=int, default=None,
                    help=f"draft tokens per step for sa/ngram (default {engine_lib.DEFAULT_DRAFT_LEN})")
     p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="concurrent requests (default: the number of prompts, at most 8); AUTO "
+                        "picks its draft length from it")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids", "text", "stats"} instead of streaming')
@@ -70,7 +72,7 @@ def _summary_line(stats: dict) -> str:
     if stats.get("mean_acceptance_length") is not None and stats.get("spec_steps"):
         parts.append(f"mean acceptance length {stats['mean_acceptance_length']:.2f}")
         parts.append(f"acceptance rate {stats['acceptance_rate']}")
-    parts.append(f"prefill {stats['prefill_time_s']:.2f}s")
+    parts.append(f"prefill {stats['prefill_time_s']:.2f}s (first runs include compilation)")
     return "[jaxspec] " + ", ".join(parts)
 
 
@@ -86,8 +88,9 @@ def _generate(args) -> int:
     _enable_compile_cache(args.compile_cache)
     engine = engine_lib.Engine.load(
         args.model, spec=spec,
-        scheduler=scheduler_lib.SchedulerConfig(max_batch_size=args.max_batch_size,
-                                                max_seq_len=args.max_seq_len))
+        scheduler=scheduler_lib.SchedulerConfig(
+            max_batch_size=args.max_batch_size or min(len(prompts), 8),
+            max_seq_len=args.max_seq_len))
     chat = not args.raw
     if args.json or len(prompts) > 1:
         result = engine.generate_batch(prompts, params=params, chat=chat)
