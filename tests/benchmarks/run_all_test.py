@@ -15,11 +15,11 @@ def test_default_plan(capsys):
     for s in steps[2:]:
         assert "--write" in s.argv
         assert s.name in out
-    for workload, n in [("code_editing", "2"), ("document_qa", "1")]:
+    for workload, n in [("code_editing", "2"), ("humaneval", "2"), ("document_qa", "1")]:
         step = steps[names.index(f"harness:{workload}")]
         assert step.argv[step.argv.index("--n") + 1] == n
     total = sum(s.estimate_s for s in steps)
-    assert 0 < total < 50 * 60
+    assert 0 < total < 40 * 60
     assert f"estimated {total / 60:.1f} min" in out
 
 
