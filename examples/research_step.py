@@ -53,14 +53,14 @@ def main(argv=None):
                                      top_p=jnp.ones(1), seed=jnp.zeros(1, jnp.int32))
 
     # 1) Prefill the prompt; the chosen token is the first generated one.
+    cfg = step_lib.StepConfig(graphdef=graphdef, k=args.k, drafting="sa", sa_draft_len=args.k)
     view = kv_cache.CacheView(page_table=page_table, lengths=jnp.zeros(1, jnp.int32),
                               num_new=jnp.asarray([len(prompt)], jnp.int32))
     kv, first = step_lib.prefill(params, kv, jnp.asarray([prompt], jnp.int32), view, greedy,
-                                 graphdef=graphdef)
+                                 cfg=cfg)
     tokens, length = list(prompt) + [int(first[0])], len(prompt)      # length = tokens cached
 
     # 2) An automaton slot built from the text so far, and its first drafts.
-    cfg = step_lib.StepConfig(graphdef=graphdef, k=args.k, drafting="sa", sa_draft_len=args.k)
     sa = sa_manager.SAManager(max_slots=1, max_seq_len=max_len + args.k, max_num_requests=1)
     sa.add_request("r0", tokens)
     slots = jnp.asarray(sa.prepare(["r0"]))

@@ -61,6 +61,12 @@ class StepConfig:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if self.drafting in ("sa", "sa_global") and self.k > self.sa_draft_len:
             raise ValueError(f"k ({self.k}) exceeds the draft buffer width ({self.sa_draft_len})")
+        # jit hashes its static arguments on every call; hashing a 30-layer graphdef costs ~2 ms.
+        object.__setattr__(self, "_hash", hash(tuple(
+            getattr(self, f.name) for f in dataclasses.fields(self))))
+
+    def __hash__(self):
+        return self._hash
 
 
 @flax.struct.dataclass
@@ -128,9 +134,9 @@ def _forward_logits(graphdef, params, tokens, kv, view):
     return model, hidden, kv
 
 
-@functools.partial(jax.jit, static_argnames=("greedy_only", "graphdef"), donate_argnames=("kv",))
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
 def prefill(params, kv: kv_cache.KVPages, tokens: jax.Array, view: kv_cache.CacheView,
-            sampling_arrays: sampling.SamplingArrays, *, graphdef, greedy_only: bool = True):
+            sampling_arrays: sampling.SamplingArrays, *, cfg: StepConfig):
     """One prompt chunk per row.
 
     Args:
@@ -139,15 +145,17 @@ def prefill(params, kv: kv_cache.KVPages, tokens: jax.Array, view: kv_cache.Cach
       tokens: i32[B, C] chunk tokens, padded past view.num_new[b].
       view: rows' page tables; lengths = tokens of the prompt already cached.
       sampling_arrays: per-row sampling parameters.
+      cfg: static configuration (its graphdef and greedy_only are used).
 
     Returns:
       (kv, next_tokens i32[B]) — the token after each row's last valid chunk position.
     """
-    model, hidden, kv = _forward_logits(graphdef, params, tokens, kv, view)
+    model, hidden, kv = _forward_logits(cfg.graphdef, params, tokens, kv, view)
     last = jnp.maximum(view.num_new - 1, 0)
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1))   # [B, 1, V]
     positions = (view.lengths + view.num_new)[:, None]
-    chosen = sampling.choose_tokens(logits, sampling_arrays, positions, greedy_only=greedy_only)
+    chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
+                                    greedy_only=cfg.greedy_only)
     return kv, chosen[:, 0]
 
 

@@ -15,6 +15,8 @@
 
 K = 0 is plain decoding through the same machinery. The host is the source of truth for sequence
 lengths and page tables; the device holds the KV pages, the automata and the next drafts.
+Per-step inputs are built as numpy arrays and handed to the jitted calls as they are: jit moves
+them to the device in one go, cheaper than a device array per field.
 """
 
 import dataclasses
@@ -23,7 +25,6 @@ import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -83,6 +84,7 @@ class Executor:
                  spec: SpecLike = None, sa_implementation: str | None = None):
         self.config = scheduler_config
         self.graphdef, self.params = nnx.split(model)
+        self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
         self.vocab_size = model.vocab_size
         if isinstance(spec, config_lib.AutoConfig):
             spec = spec.resolve(scheduler_config.max_batch_size)
@@ -140,6 +142,13 @@ class Executor:
         self.draft_buffer = step_lib.init_draft_buffer(self.sa.num_slots + 1, max_k)
 
     def _step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
+        """One config object per (K, greedy), reused: jit finds its compiled step by identity."""
+        key = (k, greedy_only)
+        if key not in self._configs:
+            self._configs[key] = self._new_step_config(k, greedy_only)
+        return self._configs[key]
+
+    def _new_step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
         sa = self.drafting in ("sa", "sa_global")
         return step_lib.StepConfig(
             graphdef=self.graphdef, k=k, greedy_only=greedy_only, drafting=self.drafting,
@@ -224,10 +233,10 @@ class Executor:
         pad = rows - len(reqs)
         p = [r.params for r in reqs]
         return sampling.SamplingArrays(
-            temperature=jnp.asarray([x.temperature for x in p] + [0.0] * pad, jnp.float32),
-            top_k=jnp.asarray([x.top_k for x in p] + [0] * pad, jnp.int32),
-            top_p=jnp.asarray([x.top_p for x in p] + [1.0] * pad, jnp.float32),
-            seed=jnp.asarray([x.seed for x in p] + [0] * pad, jnp.int32))
+            temperature=np.asarray([x.temperature for x in p] + [0.0] * pad, np.float32),
+            top_k=np.asarray([x.top_k for x in p] + [0] * pad, np.int32),
+            top_p=np.asarray([x.top_p for x in p] + [1.0] * pad, np.float32),
+            seed=np.asarray([x.seed for x in p] + [0] * pad, np.int32))
 
     def _cols(self, num_tokens: int) -> int:
         """Page-table width bucket covering `num_tokens` slots: a power of two, capped."""
@@ -245,9 +254,9 @@ class Executor:
         for i, r in enumerate(reqs):
             table[i] = r.pages.table_row(cols)
         pad = rows - len(reqs)
-        return kv_cache.CacheView(page_table=jnp.asarray(table),
-                                  lengths=jnp.asarray(list(lengths) + [0] * pad, jnp.int32),
-                                  num_new=jnp.asarray(list(num_new) + [0] * pad, jnp.int32),
+        return kv_cache.CacheView(page_table=np.asarray(table),
+                                  lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
+                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
                                   read_cols=cols if max(lengths) else 0)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
@@ -262,8 +271,8 @@ class Executor:
         view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks],
                           span=max(c.start + c.length for c in chunks))
         self.kv, first = step_lib.prefill(
-            self.params, self.kv, jnp.asarray(tokens), view, self._sampling_arrays(reqs, rows),
-            graphdef=self.graphdef, greedy_only=all(r.params.greedy for r in reqs))
+            self.params, self.kv, np.asarray(tokens), view, self._sampling_arrays(reqs, rows),
+            cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
         first = np.asarray(first)
         events = []
         for i, c in enumerate(chunks):
@@ -289,7 +298,7 @@ class Executor:
         rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
         slots = self.sa.prepare([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
         self.sa.state, self.draft_buffer = step_lib.prime_drafts(
-            self.sa.state, self.draft_buffer, self.sa.active_mask, jnp.asarray(slots),
+            self.sa.state, self.draft_buffer, self.sa.active_mask, np.asarray(slots),
             cfg=self._step_config(0, True))
 
     def _decode(self, reqs: list[requests_lib.Request], rows: int, k: int) -> list[TokenEvent]:
@@ -316,9 +325,9 @@ class Executor:
         view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs),
                           span=max(r.max_sequence_length for r in reqs) + 1 + max_k)
         inputs = step_lib.StepInputs(
-            last_tokens=jnp.asarray([r.output[-1] for r in reqs] + [0] * pad, jnp.int32),
-            drafts=jnp.asarray(drafts), draft_lens=jnp.asarray(draft_lens), view=view,
-            sampling=self._sampling_arrays(reqs, rows), slots=jnp.asarray(slots, jnp.int32))
+            last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
+            drafts=np.asarray(drafts), draft_lens=np.asarray(draft_lens), view=view,
+            sampling=self._sampling_arrays(reqs, rows), slots=np.asarray(slots, np.int32))
         self.kv, sa_state, self.draft_buffer, out = step_lib.step(
             self.params, self.kv, self.sa.state if self.sa else None, self.draft_buffer,
             self.sa.active_mask if self.sa else None, inputs,
