@@ -140,22 +140,30 @@ def draft_len_for_batch_size(
 def batch_buckets(
     max_batch_size: int,
     schedule: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+    base: Iterable[int] | None = None,
 ) -> tuple[int, ...]:
     """The padded batch sizes the step function is compiled for.
 
-    Powers of two up to `max_batch_size`, `max_batch_size` itself, and every schedule key up to
-    `max_batch_size`, so K is constant inside each bucket. Example:
-    ``batch_buckets(12, {3: 4, 8: 2})`` is ``(1, 2, 3, 4, 8, 12)``.
+    `base` (default: powers of two) up to `max_batch_size`, `max_batch_size` itself, and every
+    schedule key up to `max_batch_size`, so K is constant inside each bucket. Example:
+    ``batch_buckets(12, {3: 4, 8: 2})`` is ``(1, 2, 3, 4, 8, 12)``; with ``base=(4,)`` it is
+    ``(3, 4, 8, 12)``.
 
     Raises:
-      ValueError: `max_batch_size` < 1 or a schedule key below 1.
+      ValueError: `max_batch_size` < 1, a schedule key or base bucket below 1.
     """
     max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
     buckets = {max_batch_size}
-    power = 1
-    while power < max_batch_size:
-        buckets.add(power)
-        power *= 2
+    if base is None:
+        power = 1
+        while power < max_batch_size:
+            buckets.add(power)
+            power *= 2
+    else:
+        for size in base:
+            size = check_int(f"batch bucket {size!r}", size, minimum=1)
+            if size <= max_batch_size:
+                buckets.add(size)
     if schedule is not None:
         keys = schedule.keys() if isinstance(schedule, Mapping) else (k for k, _ in schedule)
         for key in keys:

@@ -165,3 +165,20 @@ class BucketsTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class BatchBucketBaseTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        dict(testcase_name="custom_base", base=(4,), sched={3: 4, 8: 2},
+             expected=(3, 4, 8, 12)),
+        dict(testcase_name="base_above_max_dropped", base=(2, 16), sched=None,
+             expected=(2, 12)),
+        dict(testcase_name="empty_base", base=(), sched=None, expected=(12,)),
+    )
+    def test_base(self, base, sched, expected):
+        self.assertEqual(schedule.batch_buckets(12, sched, base), expected)
+
+    def test_bad_base(self):
+        with self.assertRaisesRegex(ValueError, "batch bucket 0"):
+            schedule.batch_buckets(12, None, (0, 4))

@@ -39,10 +39,6 @@ from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.host import stats as stats_lib
 
-# Prompt chunks are padded to one of these lengths (capped by SchedulerConfig.prefill_chunk):
-# each is one prefill compilation per batch bucket.
-PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-
 SpecLike = (config_lib.NGramConfig | config_lib.SAConfig | config_lib.AutoConfig
             | drafter_lib.Drafter | None)
 
@@ -93,7 +89,8 @@ class Executor:
         max_k = self.policy.max_draft_len if self.policy else 0
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
         schedule = self.policy.draft_len_schedule if self.policy else None
-        self.batch_buckets = schedule_lib.batch_buckets(scheduler_config.max_batch_size, schedule)
+        self.batch_buckets = schedule_lib.batch_buckets(
+            scheduler_config.max_batch_size, schedule, scheduler_config.batch_buckets)
         self.gate = (gate_lib.SpeculationGate(self.policy.acceptance_rate_window_size,
                                               self.policy.acceptance_rate_threshold)
                      if self.policy is not None and self.policy.gate_enabled else None)
@@ -262,8 +259,7 @@ class Executor:
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         start = time.perf_counter()
         rows = schedule_lib.bucket_for(len(chunks), self.batch_buckets)
-        width = next(b for b in PREFILL_BUCKETS + (self.config.prefill_chunk,)
-                     if b >= max(c.length for c in chunks))
+        width = schedule_lib.bucket_for(max(c.length for c in chunks), self.config.chunk_buckets)
         tokens = np.zeros((rows, width), np.int32)
         for i, c in enumerate(chunks):
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]

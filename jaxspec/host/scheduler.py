@@ -28,6 +28,10 @@ class SchedulerConfig:
       num_pages: KV pages including the null page; None = enough for max_batch_size sequences of
         max_seq_len (+ the largest draft window).
       prefill_chunk: longest prompt chunk one request prefills per iteration.
+      batch_buckets: compile buckets for batch rows (None: powers of two); the schedule's keys and
+        max_batch_size are always added (see `jaxspec.schedule.batch_buckets`). Fewer buckets
+        mean fewer compilations and more padding rows.
+      prefill_buckets: compile buckets for prompt-chunk lengths; prefill_chunk is always added.
     """
 
     max_batch_size: int = 8
@@ -36,6 +40,8 @@ class SchedulerConfig:
     page_size: int = 16
     num_pages: int | None = None
     prefill_chunk: int = 512
+    batch_buckets: tuple[int, ...] | None = None
+    prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)  # x2: <= 50% pad
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "page_size",
@@ -45,6 +51,19 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.num_pages is not None and self.num_pages < 2:
             raise ValueError(f"num_pages must be >= 2, got {self.num_pages}")
+        for name in ("batch_buckets", "prefill_buckets"):
+            value = getattr(self, name)
+            if value is None and name == "batch_buckets":
+                continue
+            if (not isinstance(value, tuple) or not value
+                    or any(not isinstance(b, int) or b < 1 for b in value)):
+                raise ValueError(f"{name} must be a non-empty tuple of ints >= 1, got {value!r}")
+
+    @property
+    def chunk_buckets(self) -> tuple[int, ...]:
+        """Prompt-chunk widths: the prefill buckets up to prefill_chunk, and prefill_chunk."""
+        return tuple(sorted({b for b in self.prefill_buckets if b < self.prefill_chunk}
+                            | {self.prefill_chunk}))
 
     def pages_per_seq(self, max_draft_len: int) -> int:
         return math.ceil((self.max_seq_len + 1 + max_draft_len) / self.page_size)

@@ -124,3 +124,20 @@ def test_compiles_once_per_bucket():
     # Decode buckets: rows {1, 2, 4} x page-table widths {2, 4}; prefill: rows x chunk widths.
     assert first[1] <= 3 * 2
     assert first[0] <= 3 * 2
+
+
+def test_user_buckets_bound_the_compiled_shapes():
+    """With batch_buckets=(4,) and one prefill bucket, every call pads to those shapes."""
+    config = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=96, page_size=8,
+                                           max_num_tokens=128, prefill_chunk=32,
+                                           batch_buckets=(4,), prefill_buckets=(32,))
+    engine = engine_lib.Engine(MODEL, spec="none", scheduler=config)
+    assert engine.executor.batch_buckets == (4,)
+    step_lib.prefill.clear_cache()
+    step_lib.step.clear_cache()
+    for batch in (prompts(11, [3]), prompts(12, [20, 5, 9])):
+        engine.generate_batch(batch, max_new_tokens=6)
+    # Every call has 4 rows and 32-token chunks; only the page-table width still varies: prefill
+    # spans 3 and 20 tokens (1 and 4 pages), decode spans prompt + 6 + 1 = 10 and 27 (2 and 4).
+    assert step_lib.prefill._cache_size() == 2
+    assert step_lib.step._cache_size() == 2

@@ -231,3 +231,19 @@ def test_random_workloads_follow_the_budget_and_finish(w):
         pytest.fail("the workload did not finish in 400 iterations")
     assert all(len(r.output) == r.params.max_new_tokens for r in requests)
     assert s.allocator.num_free == s.allocator.num_pages - 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_buckets=()), "batch_buckets"),
+    (dict(batch_buckets=(0, 2)), "batch_buckets"),
+    (dict(prefill_buckets=[16, 32]), "prefill_buckets"),
+    (dict(prefill_buckets=(16, -1)), "prefill_buckets"),
+])
+def test_bad_buckets(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        scheduler_lib.SchedulerConfig(**kwargs)
+
+
+def test_chunk_buckets_stop_at_prefill_chunk():
+    cfg = scheduler_lib.SchedulerConfig(prefill_chunk=100, prefill_buckets=(16, 64, 128, 256))
+    assert cfg.chunk_buckets == (16, 64, 100)
