@@ -16,6 +16,7 @@ Throughput conventions, the same for both sides:
 import dataclasses
 import math
 import os
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -132,12 +133,19 @@ def run_jaxspec(model, tokenizer, prompts: Sequence[Sequence[int]], *, spec, max
                compiles=compiles.count, compile_s=compiles.seconds)
 
 
-def hf_prefill_seconds(hf, prompts: Sequence[Sequence[int]], stops: Sequence[int]) -> float:
-    """Total seconds of 1-token generations over `prompts`: HF's prefill time for a pass."""
-    start = time.perf_counter()
+def hf_prefill_seconds(hf, prompts: Sequence[Sequence[int]], stops: Sequence[int], *,
+                       repeats: int = 3) -> float:
+    """HF's prefill time for a pass: per prompt the median of `repeats` 1-token generations,
+    summed over `prompts` (one sample is too noisy next to a short, fast reply)."""
+    total = 0.0
     for prompt in prompts:
-        hf.generate(prompt, max_new_tokens=1, stop_ids=stops)
-    return time.perf_counter() - start
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            hf.generate(prompt, max_new_tokens=1, stop_ids=stops)
+            seconds.append(time.perf_counter() - start)
+        total += statistics.median(seconds)
+    return total
 
 
 def run_hf(hf, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stops: Sequence[int],

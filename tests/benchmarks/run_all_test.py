@@ -12,8 +12,8 @@ def test_default_plan(capsys):
     names = [s.name for s in steps]
     assert names == ["host_overhead", "sa_overhead", "plain_vs_hf",
                      *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep"]
+    assert all(("--write" in s.argv) != ("overhead" in s.name) for s in steps)
     for s in steps[2:]:
-        assert "--write" in s.argv
         assert s.name in out
     for workload, n in [("code_editing", "2"), ("humaneval", "2"), ("document_qa", "1")]:
         step = steps[names.index(f"harness:{workload}")]
@@ -21,6 +21,12 @@ def test_default_plan(capsys):
     total = sum(s.estimate_s for s in steps)
     assert 0 < total < 40 * 60
     assert f"estimated {total / 60:.1f} min" in out
+
+
+def test_no_write():
+    steps = run_all.plan_from(["--no-write"])
+    assert all("--write" not in s.argv for s in steps)
+    assert [s.name for s in steps if "--no-write" in s.argv] == ["host_overhead", "sa_overhead"]
 
 
 def test_skip_and_overrides():

@@ -51,3 +51,20 @@ def test_load_note():
     note = runs.load_note(3.25, 0.5)
     assert note.startswith("1-minute load average 3.2 at the start and 0.5 at the end, on ")
     assert isinstance(runs.load_average(), float)
+
+
+def test_hf_prefill_is_the_median_per_prompt_summed(monkeypatch):
+    class ClockedHF:
+        """Each 1-token generation advances a fake clock by the next scripted duration."""
+
+        def __init__(self, durations):
+            self.durations = list(durations)
+            self.now = 0.0
+
+        def generate(self, prompt, *, max_new_tokens, stop_ids):
+            assert max_new_tokens == 1
+            self.now += self.durations.pop(0)
+
+    hf = ClockedHF([1.0, 9.0, 2.0, 5.0, 4.0, 3.0])   # prompt 0: median 2; prompt 1: median 4
+    monkeypatch.setattr(runs.time, "perf_counter", lambda: hf.now)
+    assert runs.hf_prefill_seconds(hf, [[1], [2]], ()) == 6.0
