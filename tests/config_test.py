@@ -207,3 +207,14 @@ assert not leaked, leaked
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class SAMinMatchLenTest(parameterized.TestCase):
+
+    def test_default_and_override(self):
+        self.assertEqual(config.SAConfig(max_draft_len=3).min_match_len, 2)
+        self.assertEqual(config.SAConfig(max_draft_len=3, min_match_len=1).min_match_len, 1)
+
+    def test_zero_is_an_error(self):
+        with self.assertRaisesRegex(ValueError, "min_match_len.*0"):
+            config.SAConfig(max_draft_len=3, min_match_len=0)

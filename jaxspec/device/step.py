@@ -45,6 +45,7 @@ class StepConfig:
         drafters); "sa" / "sa_global" (the device draft buffer, refilled by the automaton).
       sa_draft_len: columns of the draft buffer (the largest K the automaton ever drafts).
       max_ngram_size: automaton lookup mode: -1 longest match, M > 0 fixed sizes M..1.
+      min_match_len: automaton drafts behind a shorter match are not verified.
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
     """
 
@@ -54,6 +55,7 @@ class StepConfig:
     drafting: Drafting = "none"
     sa_draft_len: int = 0
     max_ngram_size: int = -1
+    min_match_len: int = 1
     sa_implementation: str | None = None
 
     def __post_init__(self):
@@ -121,11 +123,19 @@ class StepOutputs:
         num_new_tokens.
       num_new_tokens: i32[B] accepted drafts + 1.
       draft_lens: i32[B] drafts really verified this step (padding excluded).
+      match_len: i32[B] automaton match length behind the verified drafts (0 otherwise).
+      next_draft_lens: i32[B] length of the automaton's next admitted drafts (0 behind a match
+        shorter than min_match_len, and without the automaton), already on the device: lets
+        the host size the next step's K without another sync.
+      next_match_len: i32[B] match length behind the next drafts.
     """
 
     new_tokens: jax.Array
     num_new_tokens: jax.Array
     draft_lens: jax.Array
+    match_len: jax.Array
+    next_draft_lens: jax.Array
+    next_match_len: jax.Array
 
 
 def _forward_logits(graphdef, params, tokens, kv, view):
@@ -202,14 +212,18 @@ def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
       (kv, sa, buf, StepOutputs).
     """
     k = cfg.k
+    none = jnp.zeros_like(inputs.last_tokens)
+    match_len = next_lens = next_match = none
     if cfg.drafting in ("sa", "sa_global"):
         drafts = buf.tokens[inputs.slots, :k]
-        draft_lens = jnp.minimum(buf.lens[inputs.slots], k)
+        match_len = buf.match_len[inputs.slots]
+        draft_lens = jnp.where(match_len >= cfg.min_match_len,
+                               jnp.minimum(buf.lens[inputs.slots], k), 0)
     elif cfg.drafting == "host":
         drafts, draft_lens = inputs.drafts, jnp.minimum(inputs.draft_lens, k)
     else:
         drafts = jnp.zeros((inputs.last_tokens.shape[0], k), jnp.int32)
-        draft_lens = jnp.zeros_like(inputs.last_tokens)
+        draft_lens = none
     # Padding rows (num_new == 0) verify nothing.
     draft_lens = jnp.where(inputs.view.num_new > 0, draft_lens, 0)
     tokens = jnp.concatenate([inputs.last_tokens[:, None], drafts], axis=1)      # [B, 1+K]
@@ -222,8 +236,11 @@ def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
     if cfg.drafting in ("sa", "sa_global"):
         num_commit = jnp.where(inputs.view.num_new > 0, num_new, 0)
         sa, buf = refill_drafts(cfg, sa, buf, inputs.slots, new_tokens, num_commit, active_mask)
+        next_match = buf.match_len[inputs.slots]
+        next_lens = jnp.where(next_match >= cfg.min_match_len, buf.lens[inputs.slots], 0)
     return kv, sa, buf, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
-                                    draft_lens=draft_lens)
+                                    draft_lens=draft_lens, match_len=match_len,
+                                    next_draft_lens=next_lens, next_match_len=next_match)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("sa", "buf"))

@@ -151,6 +151,7 @@ class Executor:
             graphdef=self.graphdef, k=k, greedy_only=greedy_only, drafting=self.drafting,
             sa_draft_len=self.policy.max_draft_len if sa else 0,
             max_ngram_size=self.spec.max_matching_ngram_size if sa else -1,
+            min_match_len=self.spec.min_match_len if sa else 1,
             sa_implementation=self.sa_implementation)
 
     # ------------------------------------------------------------------ requests
@@ -300,19 +301,24 @@ class Executor:
     def _decode(self, reqs: list[requests_lib.Request], rows: int, k: int) -> list[TokenEvent]:
         start = time.perf_counter()
         pad = rows - len(reqs)
-        # 5. Host drafts now; automaton drafts are already waiting on the device.
+        # 5. Host drafts now; automaton drafts are already waiting on the device. A step where
+        # no row has a draft runs as plain decoding (K = 0): verifying only padding costs a
+        # wider forward for nothing.
         draft_start = time.perf_counter()
-        drafts = np.zeros((rows, k), np.int32)
-        draft_lens = np.zeros((rows,), np.int32)
+        drafts, draft_lens = np.zeros((rows, k), np.int32), np.zeros((rows,), np.int32)
         if self.drafting == "host" and k > 0:
             self.drafter.update_draft_len(k)
             tokens, lens = drafter_lib.pad_drafts(self.drafter.prepare_draft_tokens(reqs), k)
             drafts[:len(reqs)], draft_lens[:len(reqs)] = tokens, lens
+            if not lens.any():
+                k, drafts = 0, drafts[:, :0]
         slots = np.zeros((rows,), np.int32)
         if self.sa is not None:
             if self._unprimed:
                 self._prime_new_automata()
             slots = self.sa.prepare([r.request_id for r in reqs] + [None] * pad)
+            if all(r.next_draft_len == 0 for r in reqs):
+                k, drafts = 0, drafts[:, :0]
         draft_seconds = time.perf_counter() - draft_start
         # 6. Forward + verify (+ automaton extend and next drafts) in one jitted call.
         # The table spans each row's whole lifetime, so a decoding batch never crosses into a
@@ -332,22 +338,26 @@ class Executor:
         if self.sa is not None:
             self.sa.state = sa_state
             self.sa.advance([r.request_id for r in reqs], out.num_new_tokens[:len(reqs)])
-        # 7. Commit: the cache now holds the input token and the accepted drafts.
-        events, pairs = [], []
+        # 7. Commit: the cache now holds the input token and the accepted drafts. Metrics count
+        # the tokens kept: a stop token or the length limit can cut a verify window short.
+        events, pairs, kept = [], [], []
         for i, r in enumerate(reqs):
             n = int(out.num_new_tokens[i])
             r.num_cached += n
             taken = r.append(out.new_tokens[i, :n])
+            accepted = min(len(taken), n - 1)
             r.steps += 1
             r.drafted += int(out.draft_lens[i])
-            r.accepted += n - 1
-            r.acceptance_lengths.append(n)
-            pairs.append((n - 1, int(out.draft_lens[i])))
+            r.accepted += accepted
+            r.acceptance_lengths.append(len(taken))
+            r.next_draft_len = int(out.next_draft_lens[i])
+            pairs.append((accepted, int(out.draft_lens[i])))
+            kept.append(len(taken))
             self.stats.generated_tokens += len(taken)
             if r.finish_reason:
                 self._finish(r, r.finish_reason)
             events.append(TokenEvent(r.request_id, tuple(taken), r.finished, r.finish_reason))
-        self.stats.record_step(k, out.draft_lens[:len(reqs)], out.num_new_tokens[:len(reqs)],
+        self.stats.record_step(k, out.draft_lens[:len(reqs)], kept,
                                time.perf_counter() - start, draft_seconds)
         # 8. The gate sees the pooled acceptance of the rows that really drafted.
         rate = gate_lib.pooled_acceptance_rate(pairs)

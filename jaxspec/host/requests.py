@@ -73,6 +73,8 @@ class Request:
     drafted: int = 0
     accepted: int = 0
     acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
+    # Admitted length of the automaton's next drafts, reported by the last step (None: unknown).
+    next_draft_len: int | None = None
 
     @property
     def tokens(self) -> list[int]:

@@ -40,7 +40,7 @@ class RunStats:
     k_history: list[int] = dataclasses.field(default_factory=list)
 
     def record_step(self, k: int, draft_lens, num_new, seconds: float, draft_seconds: float):
-        """One verify step: per-row real draft lengths and committed token counts."""
+        """One verify step: per-row real draft lengths and committed (kept) token counts."""
         self.decode_steps += 1
         self.spec_steps += int(k > 0)
         self.step_time += seconds

@@ -108,9 +108,10 @@ def test_gate_switches_speculation_off_for_good(uncached_greedy):
 # ---------------------------------------------------------------------------- schedule, compiles
 
 # Key 6 is no power of two: it becomes a bucket of its own, so K is constant inside every bucket.
+# min_match_len=1 admits every draft, so no step falls back to K = 0 for lack of drafts.
 SCHEDULE = {2: 3, 6: 2, 8: 1}
 SPEC = js.SAConfig(max_draft_len=3, max_matching_ngram_size=5, enable_global_pool=True,
-                   draft_len_schedule=SCHEDULE)
+                   draft_len_schedule=SCHEDULE, min_match_len=1)
 
 
 def _shrinking_run():
@@ -181,7 +182,9 @@ def test_auto_resolves_and_runs(uncached_greedy):
         executor.step()
     for rid, p in zip(ids, batch):
         assert executor.requests[rid].output == uncached_greedy(MODEL, p, 20)
-    assert set(executor.stats.k_history) == {executor.spec.max_draft_len}
+    # K is AUTO's, or 0 on steps where no row had an admitted draft.
+    assert executor.spec.max_draft_len in executor.stats.k_history
+    assert set(executor.stats.k_history) <= {0, executor.spec.max_draft_len}
     assert executor.stats.accepted > 0
 
 
@@ -204,7 +207,8 @@ def test_token_budget_below_one_plus_k_turns_speculation_off(uncached_greedy):
     assert {k for _, k in decoded} == {0}
     assert outputs[0] == uncached_greedy(MODEL, batch[0], 12)
     _, decoded, _ = _capacity_run(4, spec, 1)
-    assert {k for _, k in decoded} == {3}
+    # Full K, except on steps where the pool had no draft at all (those run plain).
+    assert 3 in {k for _, k in decoded} and {k for _, k in decoded} <= {0, 3}
 
 
 def test_placeholders_bound_the_decode_rows(uncached_greedy):
@@ -212,6 +216,38 @@ def test_placeholders_bound_the_decode_rows(uncached_greedy):
     full speculation, and the third waits its turn."""
     spec = js.NGramConfig(max_draft_len=3)
     outputs, decoded, batch = _capacity_run(9, spec, 3)
-    assert {rows for rows, _ in decoded} == {1, 2} and {k for _, k in decoded} == {3}
+    assert {rows for rows, _ in decoded} == {1, 2}
+    assert 3 in {k for _, k in decoded} and {k for _, k in decoded} <= {0, 3}
     for p, out in zip(batch, outputs):
         assert out == uncached_greedy(MODEL, p, 12)
+
+
+# ---------------------------------------------------------------------------- draft admission
+
+def test_steps_without_admitted_drafts_run_as_plain_decoding(uncached_greedy):
+    """Prompts of distinct tokens give the automaton nothing to match at first: those steps run
+    with K = 0; once the output repeats itself (the tiny model loops), drafts come back."""
+    engine = engine_lib.Engine(MODEL, spec=js.SAConfig(max_draft_len=3, min_match_len=2),
+                               scheduler=CONFIG)
+    prompt = list(range(20, 30))
+    out = engine.generate(prompt, max_new_tokens=30)
+    k = engine.executor.stats.k_history
+    assert 0 in k and 3 in k, k
+    assert set(k) == {0, 3}
+    assert out.token_ids == uncached_greedy(MODEL, prompt, 30)
+    # Only admitted drafts are verified: every verified row drafted after a match of >= 2.
+    assert engine.executor.stats.drafted > 0
+
+
+def test_a_higher_min_match_len_verifies_fewer_drafts(uncached_greedy):
+    prompt = list(range(20, 30))
+    runs = {}
+    for min_match in (1, 8):
+        engine = engine_lib.Engine(MODEL, spec=js.SAConfig(max_draft_len=3,
+                                                           min_match_len=min_match),
+                                   scheduler=CONFIG)
+        out = engine.generate(prompt, max_new_tokens=24)
+        assert out.token_ids == uncached_greedy(MODEL, prompt, 24)
+        runs[min_match] = engine.executor.stats
+    assert runs[8].drafted < runs[1].drafted
+    assert runs[8].k_history.count(0) > runs[1].k_history.count(0)

@@ -113,7 +113,8 @@ def _exact_joint(forward) -> np.ndarray:
 def test_first_two_tokens_follow_the_model_distribution(forward):
     config = scheduler_lib.SchedulerConfig(max_batch_size=16, max_seq_len=24, page_size=16,
                                            max_num_tokens=16 * 16, prefill_chunk=16)
-    executor = engine_lib.Engine(SMALL, spec=js.SAConfig(max_draft_len=3),
+    # min_match_len=1: the 1-token matches of this prompt must be drafted and verified.
+    executor = engine_lib.Engine(SMALL, spec=js.SAConfig(max_draft_len=3, min_match_len=1),
                                  scheduler=config).executor
     ids = [executor.add_request(PROMPT, requests_lib.SamplingParams(
         max_new_tokens=2, temperature=TEMPERATURE, seed=seed), frozenset())
