@@ -112,24 +112,32 @@ def _generate(args) -> int:
     return 0
 
 
+def _bench(argv) -> int:
+    """`jaxspec bench ...` runs benchmarks/harness.py of the source checkout in the current folder
+    (the benchmarks and their workloads are not installed with the package)."""
+    if os.path.isfile(os.path.join("benchmarks", "harness.py")) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        from benchmarks import harness
+    except ImportError:
+        print("jaxspec bench runs from the root of a jaxspec source checkout (it needs the "
+              "benchmarks/ folder)", file=sys.stderr)
+        return 2
+    return harness.main(list(argv))
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    bench = sub.add_parser("bench", help="benchmark methods side by side (needs a source "
-                                         "checkout: the benchmarks/ folder)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="benchmark methods side by side, from a source checkout "
+                                 "(`jaxspec bench --help`)")
     args = parser.parse_args(argv)
     try:
-        if args.command == "generate":
-            return _generate(args)
-        try:
-            from benchmarks import harness
-        except ImportError:
-            print("jaxspec bench runs from a source checkout (it needs benchmarks/); "
-                  "run it from the repository root", file=sys.stderr)
-            return 2
-        return harness.main(args.rest)
+        return _generate(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return 2
