@@ -25,7 +25,7 @@ import sys
 import sysconfig
 import time
 
-from benchmarks.report import write_section
+from benchmarks import report
 from jaxspec.host.ngram import DEFAULT_MAX_POOL_ENTRIES, NGramPool
 
 SECTION = "host_overhead"
@@ -140,10 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = measure(steps=args.steps, repeats=args.repeats)
     text = markdown(rows, args.steps, args.repeats)
-    print(text)
-    if not args.no_write:
-        command = "python -m benchmarks.host_overhead " + " ".join(argv or sys.argv[1:])
-        write_section(SECTION, text, command=command.strip())
+    report.publish(SECTION, text, module="benchmarks.host_overhead",
+                   argv=sys.argv[1:] if argv is None else argv, write=not args.no_write)
     return 0
 
 

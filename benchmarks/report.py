@@ -40,3 +40,10 @@ def write_section(name: str, markdown: str, *, command: str, path: pathlib.Path 
     else:
         text = text.rstrip() + "\n\n" + body + "\n"
     path.write_text(text)
+
+
+def publish(section: str, markdown: str, *, module: str, argv: list[str], write: bool):
+    """Prints a benchmark's section and, if `write`, records it with the command that made it."""
+    print(markdown)
+    if write:
+        write_section(section, markdown, command=" ".join(["python -m", module, *argv]))

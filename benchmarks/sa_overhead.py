@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import host_overhead
-from benchmarks.report import write_section
+from benchmarks import report
 from jaxspec import pallas_kernels
 from jaxspec.device import sa_state
 from jaxspec.host import sa_build
@@ -205,10 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                       batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
                       implementation=args.implementation, decode_step=not args.no_decode_step)
     text = markdown(results, args.steps, args.repeats)
-    print(text)
-    if not args.no_write:
-        command = "python -m benchmarks.sa_overhead " + " ".join(argv or sys.argv[1:])
-        write_section(SECTION, text, command=command.strip())
+    report.publish(SECTION, text, module="benchmarks.sa_overhead",
+                   argv=sys.argv[1:] if argv is None else argv, write=not args.no_write)
     return 0
 
 

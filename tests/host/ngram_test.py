@@ -81,9 +81,10 @@ def scenarios(draw, chunked):
     return ops
 
 
-def run_scenario(pool, ops):
-    """Drafts after every growth step, as the executor would; returns the drafts."""
-    texts, drafts = {}, []
+def replay(pool, ops):
+    """Applies `ops` to `pool`, drafting after every growth step as the executor would; yields
+    (request, text so far, room, draft)."""
+    texts = {}
     for kind, request, chunk, room in ops:
         if kind == "release":
             pool.release(request)
@@ -91,8 +92,12 @@ def run_scenario(pool, ops):
             continue
         text = texts.setdefault(request, [])
         text.extend(chunk)
-        drafts.append(pool.get_draft_tokens(list(text), request, len(text) + 1 + room))
-    return drafts
+        yield request, list(text), room, pool.get_draft_tokens(list(text), request,
+                                                                len(text) + 1 + room)
+
+
+def run_scenario(pool, ops):
+    return [draft for *_, draft in replay(pool, ops)]
 
 
 def occurs_in(draft, prefix, ngram, histories):
@@ -130,16 +135,9 @@ class NGramPoolOracleTest(parameterized.TestCase):
         def check(max_draft_len, ngram, bound, ops):
             pool = NGramPool(max_draft_len, ngram, is_public_pool=is_public_pool,
                              max_pool_entries=bound, eviction=eviction)
-            texts, seen = {}, {}
-            for kind, request, chunk, room in ops:
-                if kind == "release":
-                    pool.release(request)
-                    texts.pop(request, None)
-                    continue
-                text = texts.setdefault(request, [])
-                text.extend(chunk)
-                seen.setdefault(request, []).append(list(text))
-                draft = pool.get_draft_tokens(list(text), request, len(text) + 1 + room)
+            seen = {}
+            for request, text, room, draft in replay(pool, ops):
+                seen.setdefault(request, []).append(text)
                 self.assertLessEqual(len(draft), max(0, min(max_draft_len, room)))
                 histories = ([h for hs in seen.values() for h in hs] if is_public_pool
                              else [list(text)])
