@@ -1,8 +1,8 @@
 """`make bench`: every benchmark, each writing its own section of BENCHMARKS.md.
 
-    python -m benchmarks.run_all                      # the defaults: well under an hour on 2 cores
+    python -m benchmarks.run_all                      # the defaults: about 50 minutes on 2 cores
     python -m benchmarks.run_all --dry-run            # the plan and its time estimate only
-    python -m benchmarks.run_all --n 4 --max-new-tokens 128 --sweep-batch-sizes 1,2,4,8,16,32
+    python -m benchmarks.run_all --n 4 --max-new-tokens 128   # more prompts, longer replies
 
 Steps, each in its own process (a crash or a memory peak stays inside its step; jax settings do
 not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, jaxspec
@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--sweep-workload", default="humaneval")
-    parser.add_argument("--sweep-batch-sizes", default="1,2,4,8")
+    parser.add_argument("--sweep-batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--sweep-max-new-tokens", type=int, default=32)
     parser.add_argument("--plots", type=pathlib.Path, default=PLOTS)
     parser.add_argument("--skip", default="",

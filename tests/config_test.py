@@ -205,10 +205,6 @@ assert not leaked, leaked
         self.assertEqual(result.returncode, 0, result.stderr)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class SAMinMatchLenTest(parameterized.TestCase):
 
     def test_default_and_override(self):
@@ -218,3 +214,7 @@ class SAMinMatchLenTest(parameterized.TestCase):
     def test_zero_is_an_error(self):
         with self.assertRaisesRegex(ValueError, "min_match_len.*0"):
             config.SAConfig(max_draft_len=3, min_match_len=0)
+
+
+if __name__ == "__main__":
+    absltest.main()

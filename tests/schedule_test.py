@@ -163,10 +163,6 @@ class BucketsTest(parameterized.TestCase):
                              schedule.draft_len_for_batch_size(pairs, bucket, max_draft_len))
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class BatchBucketBaseTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
@@ -182,3 +178,7 @@ class BatchBucketBaseTest(parameterized.TestCase):
     def test_bad_base(self):
         with self.assertRaisesRegex(ValueError, "batch bucket 0"):
             schedule.batch_buckets(12, None, (0, 4))
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -182,10 +182,6 @@ class UserDefinedDrafterTest(parameterized.TestCase):
         np.testing.assert_array_equal(lengths, [1, 4])
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class DrafterGateFieldsTest(parameterized.TestCase):
 
     def test_no_gate_by_default(self):
@@ -211,3 +207,7 @@ class DrafterGateFieldsTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, match):
             EmptyDrafter(max_draft_len=2, acceptance_rate_window_size=window,
                          acceptance_rate_threshold=threshold)
+
+
+if __name__ == "__main__":
+    absltest.main()
