@@ -30,8 +30,8 @@ DEFAULT_N = 2
 N_OVERRIDES = {"document_qa": 1}
 # Cost model (seconds) of a quiet 2-core x86-64 machine, fitted on runs there (load average ~1):
 # code_editing n=2, 64 tokens, 3 repeats took 271 s (model: 282 s); the sweep at 1,2,4,8 with 24
-# tokens 244 s (model: 363 s). Speculation slows low-repetition chat down, so mtbench_turn1 runs
-# longer than modelled (362 s for 275 s).
+# tokens 244 s (model: 363 s), at 1..32 with 32 tokens 1326 s (model: 1080 s). Speculation slows
+# low-repetition chat down, so mtbench_turn1 runs longer than modelled (362 s for 275 s).
 CHARS_PER_TOKEN = 4.0
 TEMPLATE_TOKENS = 30            # SmolLM2's chat template around a user turn
 PREFILL_TOKENS_PER_S = 500.0    # jaxspec and HF alike, batch 1

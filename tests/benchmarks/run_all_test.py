@@ -19,7 +19,7 @@ def test_default_plan(capsys):
         step = steps[names.index(f"harness:{workload}")]
         assert step.argv[step.argv.index("--n") + 1] == n
     total = sum(s.estimate_s for s in steps)
-    assert 0 < total < 40 * 60
+    assert 0 < total < 60 * 60  # the default plan fits in an hour
     assert f"estimated {total / 60:.1f} min" in out
 
 
