@@ -18,6 +18,7 @@ Fields shared by the drafter configs (TensorRT-LLM's ``DecodingBaseConfig``):
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from jaxspec.host import gate as gate_lib
 from jaxspec.schedule import Schedule, check_int, normalize_schedule
 
 ScheduleLike = Mapping[int, int] | Iterable[tuple[int, int]] | None
@@ -74,7 +75,7 @@ class _DrafterFields:
     @property
     def gate_enabled(self) -> bool:
         """Whether a `SpeculationGate` watches acceptance (a non-zero window and a threshold)."""
-        return bool(self.acceptance_rate_window_size) and self.acceptance_rate_threshold is not None
+        return gate_lib.is_active(self.acceptance_rate_window_size, self.acceptance_rate_threshold)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -194,6 +194,13 @@ def refill_drafts(cfg: StepConfig, sa, buf: DraftBuffer, slots, new_tokens, num_
     return sa, buf
 
 
+def _admitted(cfg: StepConfig, buf: DraftBuffer, slots):
+    """(draft lengths worth verifying, match lengths) of the drafts waiting for `slots`: none
+    behind a match shorter than cfg.min_match_len."""
+    match_len = buf.match_len[slots]
+    return jnp.where(match_len >= cfg.min_match_len, buf.lens[slots], 0), match_len
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv", "sa", "buf"))
 def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
          inputs: StepInputs, *, cfg: StepConfig):
@@ -216,9 +223,8 @@ def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
     match_len = next_lens = next_match = none
     if cfg.drafting in ("sa", "sa_global"):
         drafts = buf.tokens[inputs.slots, :k]
-        match_len = buf.match_len[inputs.slots]
-        draft_lens = jnp.where(match_len >= cfg.min_match_len,
-                               jnp.minimum(buf.lens[inputs.slots], k), 0)
+        draft_lens, match_len = _admitted(cfg, buf, inputs.slots)
+        draft_lens = jnp.minimum(draft_lens, k)
     elif cfg.drafting == "host":
         drafts, draft_lens = inputs.drafts, jnp.minimum(inputs.draft_lens, k)
     else:
@@ -236,8 +242,7 @@ def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
     if cfg.drafting in ("sa", "sa_global"):
         num_commit = jnp.where(inputs.view.num_new > 0, num_new, 0)
         sa, buf = refill_drafts(cfg, sa, buf, inputs.slots, new_tokens, num_commit, active_mask)
-        next_match = buf.match_len[inputs.slots]
-        next_lens = jnp.where(next_match >= cfg.min_match_len, buf.lens[inputs.slots], 0)
+        next_lens, next_match = _admitted(cfg, buf, inputs.slots)
     return kv, sa, buf, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
                                     draft_lens=draft_lens, match_len=match_len,
                                     next_draft_lens=next_lens, next_match_len=next_match)

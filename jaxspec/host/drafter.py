@@ -37,6 +37,7 @@ import numpy as np
 
 from jaxspec import config as config_lib
 from jaxspec import schedule as schedule_lib
+from jaxspec.host import gate as gate_lib
 
 
 class DraftRequest(Protocol):
@@ -91,8 +92,7 @@ class Drafter(abc.ABC):
     @property
     def gate_enabled(self) -> bool:
         """Whether the executor watches this drafter's acceptance with a `SpeculationGate`."""
-        return (bool(self.acceptance_rate_window_size)
-                and self.acceptance_rate_threshold is not None)
+        return gate_lib.is_active(self.acceptance_rate_window_size, self.acceptance_rate_threshold)
 
     @abc.abstractmethod
     def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:

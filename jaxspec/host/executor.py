@@ -142,17 +142,14 @@ class Executor:
         """One config object per (K, greedy), reused: jit finds its compiled step by identity."""
         key = (k, greedy_only)
         if key not in self._configs:
-            self._configs[key] = self._new_step_config(k, greedy_only)
+            sa = self.drafting in ("sa", "sa_global")
+            self._configs[key] = step_lib.StepConfig(
+                graphdef=self.graphdef, k=k, greedy_only=greedy_only, drafting=self.drafting,
+                sa_draft_len=self.policy.max_draft_len if sa else 0,
+                max_ngram_size=self.spec.max_matching_ngram_size if sa else -1,
+                min_match_len=self.spec.min_match_len if sa else 1,
+                sa_implementation=self.sa_implementation)
         return self._configs[key]
-
-    def _new_step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
-        sa = self.drafting in ("sa", "sa_global")
-        return step_lib.StepConfig(
-            graphdef=self.graphdef, k=k, greedy_only=greedy_only, drafting=self.drafting,
-            sa_draft_len=self.policy.max_draft_len if sa else 0,
-            max_ngram_size=self.spec.max_matching_ngram_size if sa else -1,
-            min_match_len=self.spec.min_match_len if sa else 1,
-            sa_implementation=self.sa_implementation)
 
     # ------------------------------------------------------------------ requests
 
@@ -306,19 +303,20 @@ class Executor:
         # wider forward for nothing.
         draft_start = time.perf_counter()
         drafts, draft_lens = np.zeros((rows, k), np.int32), np.zeros((rows,), np.int32)
+        any_draft = True
         if self.drafting == "host" and k > 0:
             self.drafter.update_draft_len(k)
             tokens, lens = drafter_lib.pad_drafts(self.drafter.prepare_draft_tokens(reqs), k)
             drafts[:len(reqs)], draft_lens[:len(reqs)] = tokens, lens
-            if not lens.any():
-                k, drafts = 0, drafts[:, :0]
+            any_draft = lens.any()
         slots = np.zeros((rows,), np.int32)
         if self.sa is not None:
             if self._unprimed:
                 self._prime_new_automata()
             slots = self.sa.prepare([r.request_id for r in reqs] + [None] * pad)
-            if all(r.next_draft_len == 0 for r in reqs):
-                k, drafts = 0, drafts[:, :0]
+            any_draft = any(r.next_draft_len != 0 for r in reqs)  # None: not known yet
+        if not any_draft:
+            k, drafts = 0, drafts[:, :0]
         draft_seconds = time.perf_counter() - draft_start
         # 6. Forward + verify (+ automaton extend and next drafts) in one jitted call.
         # The table spans each row's whole lifetime, so a decoding batch never crosses into a

@@ -16,6 +16,11 @@ import math
 from collections.abc import Iterable
 
 
+def is_active(window: int | None, threshold: float | None) -> bool:
+    """Whether a gate with these settings can ever decide: a non-zero window and a threshold."""
+    return bool(window) and threshold is not None
+
+
 class SpeculationGate:
     """Rolling-window acceptance-rate gate.
 
@@ -51,8 +56,8 @@ class SpeculationGate:
 
     @property
     def active(self) -> bool:
-        """Whether this gate can ever decide (a non-zero window and a threshold)."""
-        return bool(self.window) and self.threshold is not None
+        """Whether this gate can ever decide (see `is_active`)."""
+        return is_active(self.window, self.threshold)
 
     @property
     def disabled(self) -> bool:
