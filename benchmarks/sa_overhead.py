@@ -26,7 +26,8 @@ import numpy as np
 
 from benchmarks import host_overhead
 from benchmarks import report
-from jaxspec import pallas_kernels
+from jaxspec import sa_layout
+from jaxspec.device import ops
 from jaxspec.device import sa_state
 from jaxspec.host import sa_build
 
@@ -60,7 +61,7 @@ def measure_steps(stream: list[int], history: int, batch_size: int, mode: str, *
                   warmup: int, implementation: str | None) -> float:
     """Median seconds of one step that commits K + 1 tokens to every row."""
     capacity = max(HISTORIES) + (warmup + steps) * (DRAFT_LEN + 1)
-    state = sa_state.init_state(batch_size, capacity)
+    state = sa_layout.init_state(batch_size, capacity)
     for row in range(batch_size):
         built = sa_build.build(stream[row * history:(row + 1) * history], capacity)
         state = sa_state.write_slot(state, jnp.int32(row), built)
@@ -70,10 +71,10 @@ def measure_steps(stream: list[int], history: int, batch_size: int, mode: str, *
 
     def run(state, accepted, num_accepted):
         if mode == "global":
-            return pallas_kernels.sa_extend_and_global_search(
+            return ops.sa_extend_and_global_search(
                 state, slots, accepted, num_accepted, active, draft_len=DRAFT_LEN,
                 max_ngram_size=max_ngram_size, implementation=implementation)
-        return pallas_kernels.sa_extend_and_lookup(
+        return ops.sa_extend_and_lookup(
             state, slots, accepted, num_accepted, draft_len=DRAFT_LEN,
             max_ngram_size=max_ngram_size, implementation=implementation)
 
@@ -181,11 +182,11 @@ def markdown(results: dict, steps: int, repeats: int) -> str:
             f"at most {1e6 * longest:.0f} us = **{100 * longest / decode_s:.2f}%** of it "
             f"(worst mode: {100 * worst / decode_s:.2f}%).",
         ]
-    lines += ["", "Device memory per slot (`sa_state.bytes_per_slot`, 100 bytes per token of "
+    lines += ["", "Device memory per slot (`sa_layout.bytes_per_slot`, 100 bytes per token of "
               "capacity + 12):", "", "| max_seq_len | bytes per slot | MiB |",
               "| ---: | ---: | ---: |"]
     for n in SLOT_SIZES:
-        size = sa_state.bytes_per_slot(n)
+        size = sa_layout.bytes_per_slot(n)
         lines.append(f"| {n:,} | {size:,} | {size / 2**20:.1f} |")
     return "\n".join(lines)
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)),
                         help="comma-separated, e.g. 1,8,32,64,128,256 on a GPU")
-    parser.add_argument("--implementation", choices=pallas_kernels.IMPLEMENTATIONS, default=None)
+    parser.add_argument("--implementation", choices=ops.IMPLEMENTATIONS, default=None)
     parser.add_argument("--no-decode-step", action="store_true",
                         help="skip loading SmolLM2 for the decode-step reference")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md")

@@ -15,29 +15,17 @@ Fields shared by the drafter configs (TensorRT-LLM's ``DecodingBaseConfig``):
   drops below ``threshold``. Either left unset (or a window of 0) means no gate.
 """
 
+from collections.abc import Iterable
+from collections.abc import Mapping
 import dataclasses
-from collections.abc import Iterable, Mapping
 
-from jaxspec.host import gate as gate_lib
-from jaxspec.schedule import Schedule, check_int, normalize_schedule
+from jaxspec._validate import check_bool
+from jaxspec._validate import check_gate_fields
+from jaxspec._validate import check_int
+from jaxspec._validate import gate_is_active
+from jaxspec.schedule import normalize_schedule
 
 ScheduleLike = Mapping[int, int] | Iterable[tuple[int, int]] | None
-
-
-def check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
-    if window is not None:
-        window = check_int("acceptance_rate_window_size", window, minimum=0)
-    if threshold is not None:
-        if isinstance(threshold, bool):
-            raise ValueError(f"acceptance_rate_threshold must be a number, got {threshold!r}")
-        try:
-            threshold = float(threshold)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"acceptance_rate_threshold must be a number, got {threshold!r}") from None
-        if not 0.0 <= threshold <= 1.0:  # also refuses NaN
-            raise ValueError(f"acceptance_rate_threshold must be in [0, 1], got {threshold}")
-    return window, threshold
 
 
 def _set(config, name: str, value):
@@ -45,22 +33,17 @@ def _set(config, name: str, value):
     object.__setattr__(config, name, value)
 
 
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _DrafterFields:
-    """Validation shared by the drafter configs; subclasses are the dataclasses."""
+    """The fields every drafter config has (module docstring), validated in `__post_init__`."""
 
     max_draft_len: int
-    max_concurrency: int | None
-    draft_len_schedule: Schedule | None
-    acceptance_rate_window_size: int | None
-    acceptance_rate_threshold: float | None
+    max_concurrency: int | None = None  # no limit
+    draft_len_schedule: ScheduleLike = None  # always max_draft_len
+    acceptance_rate_window_size: int | None = None  # no gate
+    acceptance_rate_threshold: float | None = None  # no gate
 
-    def _validate_drafter_fields(self):
+    def __post_init__(self):
         _set(self, "max_draft_len", check_int("max_draft_len", self.max_draft_len, minimum=1))
         _set(self, "draft_len_schedule", normalize_schedule(
             self.draft_len_schedule, self.max_draft_len, self.max_concurrency))
@@ -75,7 +58,7 @@ class _DrafterFields:
     @property
     def gate_enabled(self) -> bool:
         """Whether a `SpeculationGate` watches acceptance (a non-zero window and a threshold)."""
-        return gate_lib.is_active(self.acceptance_rate_window_size, self.acceptance_rate_threshold)
+        return gate_is_active(self.acceptance_rate_window_size, self.acceptance_rate_threshold)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,22 +72,17 @@ class NGramConfig(_DrafterFields):
       is_public_pool: one pool shared by all requests, or one private pool per request.
     """
 
-    max_draft_len: int
     max_matching_ngram_size: int = 2  # TensorRT-LLM's default; 3 wins on code (see AUTO)
     is_keep_all: bool = True  # more candidates; the oldest is usually the best
     is_use_oldest: bool = True  # the newest is often a truncated match from the window's end
     is_public_pool: bool = True  # shares system prompts and few-shot text across requests
-    max_concurrency: int | None = None  # no limit
-    draft_len_schedule: ScheduleLike = None  # always max_draft_len
-    acceptance_rate_window_size: int | None = None  # no gate
-    acceptance_rate_threshold: float | None = None  # no gate
 
     def __post_init__(self):
-        self._validate_drafter_fields()
+        super().__post_init__()
         _set(self, "max_matching_ngram_size", check_int(
             "max_matching_ngram_size", self.max_matching_ngram_size, minimum=1))
         for name in ("is_keep_all", "is_use_oldest", "is_public_pool"):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,28 +96,22 @@ class SAConfig(_DrafterFields):
       global_pool_size: automaton slots, active plus retained; None sizes it from the batch.
       min_match_len: drafts behind a shorter match are not verified, and a step where no row
         has an admitted draft runs as plain decoding (1 reproduces TensorRT-LLM, which verifies
-        every draft). On SmolLM2 over real workloads, drafts after a 1-token match were accepted
-        5-17% of the time, after 2+ tokens 20-98%: verifying the former costs more than it
-        returns, so 2 is the default.
+        every draft). Drafts after a 1-token match are rarely accepted (BENCHMARKS.md), so
+        verifying them costs more than it returns; 2 is the default.
     """
 
-    max_draft_len: int
     max_matching_ngram_size: int = -1  # longest match: no length to tune
     enable_global_pool: bool = False  # cross-request search costs a pass over every slot
     global_pool_size: int | None = None  # derived from max_batch_size by the slot manager
     min_match_len: int = 2  # 1-token matches draft noise (see above)
-    max_concurrency: int | None = None  # no limit
-    draft_len_schedule: ScheduleLike = None  # always max_draft_len
-    acceptance_rate_window_size: int | None = None  # no gate
-    acceptance_rate_threshold: float | None = None  # no gate
 
     def __post_init__(self):
-        self._validate_drafter_fields()
+        super().__post_init__()
         ngram = check_int("max_matching_ngram_size", self.max_matching_ngram_size, minimum=-1)
         if ngram == 0:
             raise ValueError("max_matching_ngram_size must be -1 (longest match) or >= 1, got 0")
         _set(self, "max_matching_ngram_size", ngram)
-        _check_bool("enable_global_pool", self.enable_global_pool)
+        check_bool("enable_global_pool", self.enable_global_pool)
         _set(self, "min_match_len", check_int("min_match_len", self.min_match_len, minimum=1))
         if self.global_pool_size is not None:
             _set(self, "global_pool_size", check_int(
@@ -160,7 +132,7 @@ class SAEnhancerConfig:
 
     def __post_init__(self):
         _set(self, "threshold", check_int("threshold", self.threshold, minimum=1))
-        _check_bool("enable_global_pool", self.enable_global_pool)
+        check_bool("enable_global_pool", self.enable_global_pool)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,28 +18,12 @@ compilation per bucket is enough.
 """
 
 import bisect
-import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
+
+from jaxspec._validate import check_int
 
 Schedule = tuple[tuple[int, int], ...]
-
-
-def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Returns `value` as an int, or raises ValueError naming `name` and the value.
-
-    Booleans are refused even though they are ints: ``max_draft_len=True`` is a mistake.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an int, got {value!r}") from None
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
 
 
 def normalize_schedule(
@@ -185,3 +169,38 @@ def bucket_for(n: int, buckets: Iterable[int]) -> int:
     if index == len(buckets):
         raise ValueError(f"no bucket holds n={n} requests; buckets are {tuple(buckets)}")
     return buckets[index]
+
+
+def should_use_spec_decode(schedule: Schedule | None, max_draft_len: int, num_requests: int,
+                           max_batch_size: int, max_num_tokens: int, draft_len: int) -> bool:
+    """Whether a batch has the capacity and the concurrency to speculate (TensorRT-LLM's
+    ``should_use_spec_decode``).
+
+    The effective batch is ``min(num_requests, max_batch_size, max_num_tokens // (1 + K))``: each
+    speculating request needs ``1+K`` tokens of the step's budget. Speculation goes ahead when the
+    schedule gives a non-zero K at the effective batch size, so with ``max_concurrency=C`` exactly
+    when ``effective <= C`` (inclusive, as in TensorRT-LLM). Without a schedule the answer is True
+    whenever there is capacity; unlike TensorRT-LLM it is False with no requests or no capacity
+    even then, since there is nothing to speculate on.
+
+    Args:
+      schedule: the normalised draft-length schedule, or None.
+      max_draft_len: the configured maximum K.
+      num_requests: requests that would take part in this step.
+      max_batch_size: the engine's batch capacity.
+      max_num_tokens: the step's token budget.
+      draft_len: K, the draft tokens per request this step.
+
+    Raises:
+      ValueError: negative `draft_len`.
+    """
+    draft_len = check_int("max_total_draft_tokens", draft_len, minimum=0)
+    if num_requests <= 0 or max_batch_size <= 0 or max_num_tokens <= 0:
+        return False
+    token_cap = max_num_tokens // (1 + draft_len)
+    if token_cap <= 0:
+        return False
+    if schedule is None:
+        return True
+    effective = min(num_requests, max_batch_size, token_cap)
+    return draft_len_for_batch_size(schedule, effective, max_draft_len) > 0

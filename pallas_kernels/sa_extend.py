@@ -1,8 +1,7 @@
 """Pallas Triton kernel: extend each row's suffix automaton, then look up its next draft.
 
 Reference (bit-identical results, and the CPU path): `jaxspec.device.sa_state.extend_and_lookup`;
-the layout and the algorithm are documented in `jaxspec.device.sa_state` and
-`jaxspec.host.sa_reference`.
+the layout is `jaxspec.sa_layout`; the algorithm is documented in `jaxspec.host.sa_reference`.
 
 One program per batch row, as TensorRT-LLM's one-thread-per-request kernels: the row's slot is
 walked with scalar loads and stores over whole-array refs (no BlockSpecs), data-dependent
@@ -19,7 +18,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
-from jaxspec.device import sa_state
+from jaxspec import sa_layout
+from jaxspec.sa_layout import EDGE_HEAD
+from jaxspec.sa_layout import FIRSTPOS
+from jaxspec.sa_layout import LEN
+from jaxspec.sa_layout import LINK
+from jaxspec.sa_layout import NEXT
+from jaxspec.sa_layout import SOURCE
+from jaxspec.sa_layout import TARGET
+from jaxspec.sa_layout import TOKEN
 
 # Scalar code: one warp is plenty, more only replicate the same loads.
 NUM_WARPS = 1
@@ -27,11 +34,7 @@ NUM_STAGES = 1
 _INT32_ELEMENTS = 2**31  # Triton computes element offsets in int32.
 
 # Field order of the state refs in the kernels, after the row inputs.
-STATE_FIELDS = tuple(sa_state.SAState.__dataclass_fields__)
-
-
-LEN, LINK, FIRSTPOS, EDGE_HEAD = sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS, sa_state.EDGE_HEAD
-SOURCE, TOKEN, TARGET, NEXT = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET, sa_state.NEXT
+STATE_FIELDS = tuple(sa_layout.SAState.__dataclass_fields__)
 
 
 class SlotRefs:
@@ -66,8 +69,8 @@ class SlotRefs:
                        | (self["edges", bucket, TOKEN] != token)))
 
         return lax.while_loop(collides,
-                              lambda bucket: sa_state.next_bucket(bucket, self.table_size),
-                              sa_state.hash_bucket(source, token, self.table_size))
+                              lambda bucket: sa_layout.next_bucket(bucket, self.table_size),
+                              sa_layout.hash_bucket(source, token, self.table_size))
 
     def insert(self, bucket, source, token, target):
         self["edges", bucket, SOURCE] = source
@@ -145,7 +148,7 @@ def extend_token(sa: SlotRefs, token):
 
 
 def lookup(sa: SlotRefs, max_ngram_size: int):
-    """`(match_len, start)` of the row's next draft (`sa_state.lookup`)."""
+    """`(match_len, start)` of the row's next draft (`jaxspec.device.sa_state.lookup`)."""
     longest_state = sa["states", sa["last"], LINK]
     longest = sa["states", longest_state, LEN]
     if max_ngram_size == -1:
@@ -204,7 +207,7 @@ def _sa_extend_kernel(
                     draft_len=lookup_draft_len, max_seq_len=max_seq_len)
 
 
-def static_validate(state: sa_state.SAState, draft_len: int | None) -> None:
+def static_validate(state: sa_layout.SAState, draft_len: int | None) -> None:
     """Raises NotImplementedError for inputs this kernel does not take (the switch falls back)."""
     if draft_len == 0:
         raise NotImplementedError("sa kernels need draft_len >= 1")
@@ -213,7 +216,7 @@ def static_validate(state: sa_state.SAState, draft_len: int | None) -> None:
                                   f"overflow int32 offsets")
 
 
-def extend_call(state: sa_state.SAState, slots, accepted, num_accepted, *,
+def extend_call(state: sa_layout.SAState, slots, accepted, num_accepted, *,
                 draft_len: int | None, max_ngram_size: int, interpret: bool):
     """The `pallas_call`: extends, and with `draft_len` set also looks up.
 
@@ -239,15 +242,16 @@ def extend_call(state: sa_state.SAState, slots, accepted, num_accepted, *,
         interpret=interpret,
         name=f"sa_extend_{draft_len=}_{max_ngram_size=}",
     )(slots, accepted, num_accepted, *leaves)
-    new_state = sa_state.SAState(**dict(zip(STATE_FIELDS, outs[num_drafts:], strict=True)))
+    new_state = sa_layout.SAState(**dict(zip(STATE_FIELDS, outs[num_drafts:], strict=True)))
     return (new_state, *outs[:num_drafts])
 
 
 @functools.partial(jax.jit, static_argnames=("draft_len", "max_ngram_size", "interpret"),
                    donate_argnums=0)
-def sa_extend_and_lookup(state: sa_state.SAState, slots, accepted, num_accepted, *,
+def sa_extend_and_lookup(state: sa_layout.SAState, slots, accepted, num_accepted, *,
                          draft_len: int, max_ngram_size: int = -1, interpret: bool = False):
-    """`sa_state.extend_and_lookup` as a Pallas kernel (same arguments, same results).
+    """`jaxspec.device.sa_state.extend_and_lookup` as a Pallas kernel (same arguments and
+    results).
 
     Args:
       interpret: run the kernel in the Pallas interpreter (any backend; slow, for tests).
@@ -255,6 +259,6 @@ def sa_extend_and_lookup(state: sa_state.SAState, slots, accepted, num_accepted,
     Raises:
       NotImplementedError: for `draft_len == 0` or tables beyond int32 offsets.
     """
-    sa_state.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
+    sa_layout.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
     return extend_call(state, slots, accepted, num_accepted, draft_len=draft_len,
                        max_ngram_size=max_ngram_size, interpret=interpret)

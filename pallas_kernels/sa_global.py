@@ -19,12 +19,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
-from jaxspec.device import sa_global
-from jaxspec.device import sa_state
+from jaxspec import sa_layout
 from jaxspec.pallas_kernels import sa_extend
 
-LEN, LINK, FIRSTPOS = sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS
-SOURCE, TOKEN, TARGET = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET
+LEN, LINK, FIRSTPOS = sa_layout.LEN, sa_layout.LINK, sa_layout.FIRSTPOS
+SOURCE, TOKEN, TARGET = sa_layout.SOURCE, sa_layout.TOKEN, sa_layout.TARGET
 
 
 def _sa_global_search_kernel(
@@ -63,11 +62,11 @@ def _sa_global_search_kernel(
                                           jnp.where(miss, 0, matched)))
             i = i + advance.astype(jnp.int32)
             next_token = own["text", query_start + jnp.minimum(i, query_len - 1)]
-            bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, next_token, table_size),
-                               sa_state.next_bucket(bucket, table_size))
+            bucket = jnp.where(advance | drop, sa_layout.hash_bucket(s, next_token, table_size),
+                               sa_layout.next_bucket(bucket, table_size))
             return s, matched, i, bucket
 
-        first = sa_state.hash_bucket(jnp.int32(0), own["text", query_start], table_size)
+        first = sa_layout.hash_bucket(jnp.int32(0), own["text", query_start], table_size)
         s, matched, _, _ = lax.while_loop(lambda c: c[2] < query_len, walk,
                                           (jnp.int32(0), jnp.int32(0), jnp.int32(0), first))
         slot_len = sa["text_len"]
@@ -107,12 +106,12 @@ def _sa_global_search_kernel(
                           draft_len=draft_len, max_seq_len=max_seq_len)
 
 
-def global_search_call(state: sa_state.SAState, slots, active_mask, *, draft_len: int,
+def global_search_call(state: sa_layout.SAState, slots, active_mask, *, draft_len: int,
                        max_ngram_size: int, interpret: bool):
     """The search `pallas_call`: `(match_len, draft_tokens, draft_lens)`."""
     sa_extend.static_validate(state, draft_len)
     rows = slots.shape[0]
-    cap = sa_state.MAX_GLOBAL_SUFFIX_LEN if max_ngram_size == -1 else max_ngram_size
+    cap = sa_layout.suffix_cap(max_ngram_size)
     kernel = functools.partial(
         _sa_global_search_kernel, num_slots=state.num_slots, max_seq_len=state.max_seq_len,
         table_size=state.table_size, draft_len=draft_len, cap=cap)
@@ -132,10 +131,11 @@ def global_search_call(state: sa_state.SAState, slots, active_mask, *, draft_len
 
 @functools.partial(jax.jit, static_argnames=("draft_len", "max_ngram_size", "interpret"),
                    donate_argnums=0)
-def sa_extend_and_global_search(state: sa_state.SAState, slots, accepted, num_accepted,
+def sa_extend_and_global_search(state: sa_layout.SAState, slots, accepted, num_accepted,
                                 active_mask, *, draft_len: int, max_ngram_size: int = -1,
                                 interpret: bool = False):
-    """`sa_global.extend_and_global_search` as Pallas kernels (same arguments, same results).
+    """`jaxspec.device.sa_global.extend_and_global_search` as Pallas kernels (same arguments
+    and results).
 
     Args:
       interpret: run the kernels in the Pallas interpreter (any backend; slow, for tests).
@@ -143,8 +143,8 @@ def sa_extend_and_global_search(state: sa_state.SAState, slots, accepted, num_ac
     Raises:
       NotImplementedError: for `draft_len == 0` or tables beyond int32 offsets.
     """
-    sa_state.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
-    sa_global.validate_mask(state, active_mask, max_ngram_size)
+    sa_layout.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
+    sa_layout.validate_mask(state, active_mask, max_ngram_size)
     sa_extend.static_validate(state, draft_len)
     (state,) = sa_extend.extend_call(state, slots, accepted, num_accepted, draft_len=None,
                                      max_ngram_size=max_ngram_size, interpret=interpret)

@@ -18,15 +18,16 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from jaxspec import sa_layout
 from jaxspec.device import sa_state
 
 
-def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int,
+def global_search(state: sa_layout.SAState, slots, active_mask, *, draft_len: int,
                   max_ngram_size: int = -1):
     """Each row's draft from the best active slot, without extending (see
     `extend_and_global_search`)."""
     num_rows, width = slots.shape[0], state.num_slots + 1
-    cap = sa_state.MAX_GLOBAL_SUFFIX_LEN if max_ngram_size == -1 else max_ngram_size
+    cap = sa_layout.suffix_cap(max_ngram_size)
     own_len = state.text_len[slots]
     query_len = jnp.minimum(own_len, cap)
     offsets = jnp.arange(cap, dtype=jnp.int32)[None, :]
@@ -51,24 +52,24 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
         s, matched, i, bucket, live = carry
         token = token_at(i)
         edge = get(state.edges, bucket)  # [P, 4]
-        target = edge[:, sa_state.TARGET]
-        key = (edge[:, sa_state.SOURCE] == s) & (edge[:, sa_state.TOKEN] == token)
+        target = edge[:, sa_layout.TARGET]
+        key = (edge[:, sa_layout.SOURCE] == s) & (edge[:, sa_layout.TOKEN] == token)
         hit = live & (target != 0) & key
         miss = live & (target == 0)
         drop = miss & (s != 0)  # retry `token` from the suffix link
         advance = hit | (miss & (s == 0))
-        s = jnp.where(hit, target, jnp.where(drop, get(state.states, s, sa_state.LINK), s))
+        s = jnp.where(hit, target, jnp.where(drop, get(state.states, s, sa_layout.LINK), s))
         matched = jnp.where(hit, matched + 1,
-                            jnp.where(drop, get(state.states, s, sa_state.LEN),
+                            jnp.where(drop, get(state.states, s, sa_layout.LEN),
                                       jnp.where(miss, 0, matched)))
         i = i + advance.astype(jnp.int32)
-        bucket = jnp.where(advance | drop, sa_state.hash_bucket(s, token_at(i), state.table_size),
-                           jnp.where(live, sa_state.next_bucket(bucket, state.table_size),
+        bucket = jnp.where(advance | drop, sa_layout.hash_bucket(s, token_at(i), state.table_size),
+                           jnp.where(live, sa_layout.next_bucket(bucket, state.table_size),
                                      bucket))
         return s, matched, i, bucket, live & (i < lane_len)
 
     zero = jnp.zeros_like(row)
-    start = (zero, zero, zero, sa_state.hash_bucket(zero, token_at(zero), state.table_size),
+    start = (zero, zero, zero, sa_layout.hash_bucket(zero, token_at(zero), state.table_size),
              searched)
     s, matched, _, _, _ = lax.while_loop(lambda c: jnp.any(c[4]), walk, start)
 
@@ -76,18 +77,18 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
     lane_text_len = state.text_len[lane_slot]
 
     def stuck(s):
-        return (s != 0) & (get(state.states, s, sa_state.FIRSTPOS) + 1 >= lane_text_len)
+        return (s != 0) & (get(state.states, s, sa_layout.FIRSTPOS) + 1 >= lane_text_len)
 
     def fall_back(carry):
         s, matched = carry
         back = stuck(s)
-        s = jnp.where(back, get(state.states, s, sa_state.LINK), s)
-        return s, jnp.where(back, get(state.states, s, sa_state.LEN), matched)
+        s = jnp.where(back, get(state.states, s, sa_layout.LINK), s)
+        return s, jnp.where(back, get(state.states, s, sa_layout.LEN), matched)
 
     s, matched = lax.while_loop(lambda c: jnp.any(stuck(c[0])), fall_back, (s, matched))
 
     found = searched & (s != 0)
-    begin = get(state.states, s, sa_state.FIRSTPOS) + 1
+    begin = get(state.states, s, sa_layout.FIRSTPOS) + 1
     matched = jnp.where(found, matched, 0).reshape(num_rows, width)
     begin = begin.reshape(num_rows, width)
     continuation = jnp.where(found, lane_text_len - begin.reshape(-1), -1).reshape(num_rows,
@@ -104,18 +105,8 @@ def global_search(state: sa_state.SAState, slots, active_mask, *, draft_len: int
     return best_len, draft_tokens, draft_lens
 
 
-def validate_mask(state: sa_state.SAState, active_mask, max_ngram_size: int) -> None:
-    """Trace-time checks specific to the global search."""
-    if active_mask.shape != (state.num_slots + 1,) or active_mask.dtype != jnp.bool_:
-        raise ValueError(f"active_mask must be bool[{state.num_slots + 1}], got "
-                         f"{active_mask.dtype}{list(active_mask.shape)}")
-    if max_ngram_size > sa_state.MAX_GLOBAL_SUFFIX_LEN:
-        raise ValueError(f"global search takes max_ngram_size <= "
-                         f"{sa_state.MAX_GLOBAL_SUFFIX_LEN}, got {max_ngram_size}")
-
-
 @functools.partial(jax.jit, static_argnames=("draft_len", "max_ngram_size"), donate_argnums=0)
-def extend_and_global_search(state: sa_state.SAState, slots, accepted, num_accepted, active_mask,
+def extend_and_global_search(state: sa_layout.SAState, slots, accepted, num_accepted, active_mask,
                              *, draft_len: int, max_ngram_size: int = -1):
     """Extends each row's slot with its committed tokens, then searches all active slots.
 
@@ -135,8 +126,8 @@ def extend_and_global_search(state: sa_state.SAState, slots, accepted, num_accep
     Raises:
       ValueError, TypeError: on bad shapes, dtypes or static arguments (at trace time).
     """
-    sa_state.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
-    validate_mask(state, active_mask, max_ngram_size)
+    sa_layout.validate_batch(slots, accepted, num_accepted, draft_len, max_ngram_size)
+    sa_layout.validate_mask(state, active_mask, max_ngram_size)
     state = sa_state.extend(state, slots, accepted, num_accepted)
     return (state, *global_search(state, slots, active_mask, draft_len=draft_len,
                                   max_ngram_size=max_ngram_size))

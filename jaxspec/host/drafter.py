@@ -30,14 +30,16 @@ tokens can verify at most g-1 drafts plus the bonus token.
 """
 
 import abc
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from jaxspec import config as config_lib
+from jaxspec import _validate
 from jaxspec import schedule as schedule_lib
-from jaxspec.host import gate as gate_lib
 
 
 class DraftRequest(Protocol):
@@ -80,19 +82,20 @@ class Drafter(abc.ABC):
         acceptance_rate_window_size: int | None = None,
         acceptance_rate_threshold: float | None = None,
     ):
-        self.max_draft_len = schedule_lib.check_int("max_draft_len", max_draft_len, minimum=1)
+        self.max_draft_len = _validate.check_int("max_draft_len", max_draft_len, minimum=1)
         self.draft_len_schedule = schedule_lib.normalize_schedule(
             draft_len_schedule, self.max_draft_len, max_concurrency)
         self.max_concurrency = (None if max_concurrency is None
-                                else schedule_lib.check_int("max_concurrency", max_concurrency))
+                                else _validate.check_int("max_concurrency", max_concurrency))
         self.draft_len = self.max_draft_len
         self.acceptance_rate_window_size, self.acceptance_rate_threshold = (
-            config_lib.check_gate_fields(acceptance_rate_window_size, acceptance_rate_threshold))
+            _validate.check_gate_fields(acceptance_rate_window_size, acceptance_rate_threshold))
 
     @property
     def gate_enabled(self) -> bool:
         """Whether the executor watches this drafter's acceptance with a `SpeculationGate`."""
-        return gate_lib.is_active(self.acceptance_rate_window_size, self.acceptance_rate_threshold)
+        return _validate.gate_is_active(self.acceptance_rate_window_size,
+                                        self.acceptance_rate_threshold)
 
     @abc.abstractmethod
     def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
@@ -107,7 +110,7 @@ class Drafter(abc.ABC):
         Raises:
           ValueError: `draft_len` outside ``[0, max_draft_len]``.
         """
-        self.draft_len = schedule_lib.check_int("draft_len", draft_len, minimum=0,
+        self.draft_len = _validate.check_int("draft_len", draft_len, minimum=0,
                                                 maximum=self.max_draft_len)
 
     def draft_len_for_batch_size(self, batch_size: int) -> int:
@@ -122,38 +125,17 @@ class Drafter(abc.ABC):
         max_num_tokens: int,
         max_total_draft_tokens: int,
     ) -> bool:
-        """Whether the batch has the capacity and the concurrency to speculate.
-
-        The effective batch is ``min(num_requests, max_batch_size, max_num_tokens // (1 + K))``:
-        each speculating request needs ``1+K`` tokens of the step's budget. Speculation goes ahead
-        when the schedule gives a non-zero K at the effective batch size, so with
-        ``max_concurrency=C`` exactly when ``effective <= C`` (inclusive, as in TensorRT-LLM).
-        Without a schedule or concurrency limit the answer is True whenever there is capacity;
-        unlike TensorRT-LLM it is False with no requests or no capacity even then, since there is
-        nothing to speculate on.
-
-        Args:
-          num_requests: requests that would take part in this step.
-          max_batch_size: the engine's batch capacity.
-          max_num_tokens: the step's token budget.
-          max_total_draft_tokens: K, the draft tokens per request this step.
+        """Whether the batch has the capacity and the concurrency to speculate, under this
+        drafter's schedule (`jaxspec.schedule.should_use_spec_decode` says how).
 
         Raises:
           ValueError: negative `max_total_draft_tokens`.
         """
-        draft_len = schedule_lib.check_int("max_total_draft_tokens", max_total_draft_tokens,
-                                           minimum=0)
-        if num_requests <= 0 or max_batch_size <= 0 or max_num_tokens <= 0:
-            return False
-        token_cap = max_num_tokens // (1 + draft_len)
-        if token_cap <= 0:
-            return False
-        if self.draft_len_schedule is None:
-            return True
-        effective = min(num_requests, max_batch_size, token_cap)
-        return self.draft_len_for_batch_size(effective) > 0
+        return schedule_lib.should_use_spec_decode(
+            self.draft_len_schedule, self.max_draft_len, num_requests, max_batch_size,
+            max_num_tokens, max_total_draft_tokens)
 
-    def release(self, request_id: Hashable) -> None:
+    def release(self, request_id: Hashable) -> None:  # noqa: B027 (optional hook)
         """Forgets a finished or cancelled request; drafters without per-request state keep this."""
 
 
@@ -174,7 +156,7 @@ def pad_drafts(drafts: Sequence[Sequence[int]], k: int) -> tuple[np.ndarray, np.
     Raises:
       ValueError: negative `k`.
     """
-    k = schedule_lib.check_int("k", k, minimum=0)
+    k = _validate.check_int("k", k, minimum=0)
     tokens = np.zeros((len(drafts), k), np.int32)
     lengths = np.zeros((len(drafts),), np.int32)
     for row, draft in enumerate(drafts):

@@ -12,13 +12,10 @@ first time the window's mean is strictly below ``threshold``. Disabling is perma
 """
 
 import collections
-import math
 from collections.abc import Iterable
+import math
 
-
-def is_active(window: int | None, threshold: float | None) -> bool:
-    """Whether a gate with these settings can ever decide: a non-zero window and a threshold."""
-    return bool(window) and threshold is not None
+from jaxspec._validate import gate_is_active
 
 
 class SpeculationGate:
@@ -56,8 +53,8 @@ class SpeculationGate:
 
     @property
     def active(self) -> bool:
-        """Whether this gate can ever decide (see `is_active`)."""
-        return is_active(self.window, self.threshold)
+        """Whether this gate can ever decide: a non-zero window and a threshold."""
+        return gate_is_active(self.window, self.threshold)
 
     @property
     def disabled(self) -> bool:

@@ -35,11 +35,13 @@ public pool grows forever.
 """
 
 import collections
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
+from collections.abc import Sequence
 
+from jaxspec._validate import check_int
 from jaxspec.config import NGramConfig
-from jaxspec.host.drafter import Drafter, DraftRequest
-from jaxspec.schedule import check_int
+from jaxspec.host.drafter import Drafter
+from jaxspec.host.drafter import DraftRequest
 
 # A pool holds at most this many continuations (pattern -> continuation pairs). A token position
 # adds at most N of them, fewer where text repeats (0.8 per byte of stdlib source at N=3, K=5), so

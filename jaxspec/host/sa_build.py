@@ -1,29 +1,30 @@
 """Builds a prompt's suffix automaton on the host, in the device slot layout, with numba.
 
-`build(tokens, max_seq_len)` returns one slot's arrays (`jaxspec.device.sa_state.SAState` fields,
-no slot axis) exactly as `sa_state.extend` would leave a zeroed slot after appending the same
-tokens one by one: same state numbering, same hash, same probing and the same edge insertion
-order, hence bit-identical tables. `SAManager` copies the result into a device slot.
+`build(tokens, max_seq_len)` returns one slot's arrays (`jaxspec.sa_layout.SAState` fields, no
+slot axis) exactly as `jaxspec.device.sa_state.extend` would leave a zeroed slot after appending
+the same tokens one by one: same state numbering, same hash, same probing and the same edge
+insertion order, hence bit-identical tables. `SAManager` copies the result into a device slot.
 """
 
 import numba
 import numpy as np
 
-from jaxspec.device import sa_state
+from jaxspec import sa_layout
 
 _WORD = 0xFFFFFFFF
-_STATE_MUL = sa_state.HASH_STATE_MUL
-_MIX_MUL = sa_state.HASH_MIX_MUL
-_POSITIVE = 0x7FFFFFFF
+_STATE_MUL = sa_layout.HASH_STATE_MUL
+_MIX_MUL = sa_layout.HASH_MIX_MUL
+_POSITIVE = sa_layout.HASH_POSITIVE
 # numba reads module-level ints as compile-time constants.
-_LEN, _LINK, _FIRSTPOS, _EDGE_HEAD = (sa_state.LEN, sa_state.LINK, sa_state.FIRSTPOS,
-                                     sa_state.EDGE_HEAD)
-_SOURCE, _TOKEN, _TARGET, _NEXT = sa_state.SOURCE, sa_state.TOKEN, sa_state.TARGET, sa_state.NEXT
+_LEN, _LINK, _FIRSTPOS, _EDGE_HEAD = (sa_layout.LEN, sa_layout.LINK, sa_layout.FIRSTPOS,
+                                     sa_layout.EDGE_HEAD)
+_SOURCE, _TOKEN, _TARGET, _NEXT = (sa_layout.SOURCE, sa_layout.TOKEN, sa_layout.TARGET,
+                                  sa_layout.NEXT)
 
 
 @numba.njit(inline="always")
 def _hash(state, token, num_buckets):
-    # sa_state.hash_bucket in 64-bit arithmetic, truncated to 32 bits wherever int32 would wrap.
+    # sa_layout.hash_bucket in 64-bit arithmetic, truncated to 32 bits wherever int32 would wrap.
     x = (np.int64(state) * _STATE_MUL + np.int64(token)) & _WORD
     x ^= x >> 15
     x = (x * _MIX_MUL) & _WORD
@@ -98,7 +99,7 @@ def _build(tokens, states, text, edges):
     return num_states, last
 
 
-def build(tokens, max_seq_len: int) -> sa_state.SAState:
+def build(tokens, max_seq_len: int) -> sa_layout.SAState:
     """The automaton of `tokens` as one slot's numpy arrays (no slot axis).
 
     Args:
@@ -117,7 +118,7 @@ def build(tokens, max_seq_len: int) -> sa_state.SAState:
     info = np.iinfo(np.int32)
     if tokens.size and (tokens.min() < info.min or tokens.max() > info.max):
         raise ValueError(f"tokens must fit int32, got range [{tokens.min()}, {tokens.max()}]")
-    out = sa_state.zeros(max_seq_len, xp=np)
+    out = sa_layout.zeros(max_seq_len, xp=np)
     num_states, last = _build(tokens.astype(np.int32), out.states, out.text, out.edges)
     return out.replace(text_len=np.array(tokens.size, np.int32),
                        num_states=np.array(num_states, np.int32), last=np.array(last, np.int32))

@@ -2,7 +2,7 @@
 
 A suffix automaton of a text is the smallest automaton that accepts exactly its suffixes. Each
 state stands for a set of substrings that end at the same set of positions; vocabulary used here
-and in the device code (`jaxspec.device.sa_state`):
+and in the device code (`jaxspec.sa_layout`, `jaxspec.device.sa_state`):
 
 * `len(s)`: the length of the longest string of state `s`. The state's strings are the suffixes of
   that string whose length lies in `(len(link(s)), len(s)]`.
@@ -35,15 +35,16 @@ the automaton; the tests hold every implementation (this one, the host builder, 
 and the Pallas kernels) to them.
 """
 
-from collections.abc import Iterable, Sequence
-import dataclasses
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import NamedTuple
 
-MAX_GLOBAL_SUFFIX_LEN = 64  # TensorRT-LLM's kMaxGlobalSuffixLen; longer query suffixes are cut.
+from jaxspec import sa_layout
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Match:
-    """Where a draft starts in a text, and the length of the suffix that matched."""
+class Match(NamedTuple):
+    """Where a draft starts in a text, and the length of the suffix that matched; unpacks as
+    `start, length = automaton.lookup()`."""
 
     start: int  # index of the first continuation token
     length: int  # match_len
@@ -154,7 +155,7 @@ class SuffixAutomaton:
 
     def match(self, max_ngram_size: int = -1) -> Match | None:
         """`lookup()` for -1, else the first hit of `lookup_fixed(M), ..., lookup_fixed(1)`."""
-        _check_ngram_size(max_ngram_size)
+        sa_layout.check_ngram_size(max_ngram_size)
         if max_ngram_size == -1:
             return self.lookup()
         for length in range(max_ngram_size, 0, -1):
@@ -181,9 +182,9 @@ def global_draft(automata: Sequence[SuffixAutomaton], own: int, active: Sequence
     Returns:
       `(match_len, draft)`; `(0, [])` when no active slot has a continuation.
     """
-    _check_ngram_size(max_ngram_size)
+    sa_layout.check_ngram_size(max_ngram_size)
     own_tokens = automata[own].tokens
-    suffix = own_tokens[max(0, len(own_tokens) - _suffix_cap(max_ngram_size)):]
+    suffix = own_tokens[max(0, len(own_tokens) - sa_layout.suffix_cap(max_ngram_size)):]
     best_key, best = None, (0, [])
     for slot, (sa, searched) in enumerate(zip(automata, active, strict=True)):
         if not searched or (found := sa.lookup_with_suffix(suffix)) is None:
@@ -198,7 +199,7 @@ def global_draft(automata: Sequence[SuffixAutomaton], own: int, active: Sequence
 def naive_draft(tokens: Sequence[int], draft_len: int,
                 max_ngram_size: int = -1) -> tuple[int, list[int]]:
     """`SuffixAutomaton(tokens).draft(...)` by brute-force substring search (the specification)."""
-    _check_ngram_size(max_ngram_size)
+    sa_layout.check_ngram_size(max_ngram_size)
     n = len(tokens)
     lengths = range(n - 1, 0, -1) if max_ngram_size == -1 else range(min(max_ngram_size, n - 1),
                                                                        0, -1)
@@ -214,9 +215,9 @@ def naive_draft(tokens: Sequence[int], draft_len: int,
 def naive_global_draft(texts: Sequence[Sequence[int]], own: int, active: Sequence[bool],
                        draft_len: int, max_ngram_size: int = -1) -> tuple[int, list[int]]:
     """`global_draft` over plain texts, by brute-force substring search."""
-    _check_ngram_size(max_ngram_size)
+    sa_layout.check_ngram_size(max_ngram_size)
     own_tokens = list(texts[own])
-    suffix = own_tokens[max(0, len(own_tokens) - _suffix_cap(max_ngram_size)):]
+    suffix = own_tokens[max(0, len(own_tokens) - sa_layout.suffix_cap(max_ngram_size)):]
     best_key, best = None, (0, [])
     for slot, (text, searched) in enumerate(zip(texts, active, strict=True)):
         if not searched:
@@ -235,17 +236,8 @@ def naive_global_draft(texts: Sequence[Sequence[int]], own: int, active: Sequenc
     return best
 
 
-def _suffix_cap(max_ngram_size: int) -> int:
-    return MAX_GLOBAL_SUFFIX_LEN if max_ngram_size == -1 else max_ngram_size
-
-
 def _draft_from(tokens: Sequence[int], found: Match | None,
                 draft_len: int) -> tuple[int, list[int]]:
     if found is None:
         return 0, []
     return found.length, list(tokens[found.start:found.start + draft_len])
-
-
-def _check_ngram_size(max_ngram_size: int) -> None:
-    if max_ngram_size != -1 and max_ngram_size < 1:
-        raise ValueError(f"max_ngram_size must be -1 (longest match) or >= 1, got {max_ngram_size}")

@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import sa_layout
 from jaxspec.device import sa_global
 from jaxspec.device import sa_state
 from jaxspec.host import sa_build
 
 
 def _pool(texts, max_seq_len=80):
-    state = sa_state.init_state(len(texts), max_seq_len)
+    state = sa_layout.init_state(len(texts), max_seq_len)
     for slot, text in enumerate(texts):
         state = sa_state.write_slot(state, jnp.int32(slot), sa_build.build(text, max_seq_len))
     return state
@@ -62,7 +63,7 @@ class GlobalSearchTest(parameterized.TestCase):
     def test_validation(self, mask, ngram, match):
         with self.assertRaisesRegex(ValueError, match):
             sa_global.extend_and_global_search(
-                sa_state.init_state(2, 8), np.zeros(1, np.int32), np.zeros((1, 2), np.int32),
+                sa_layout.init_state(2, 8), np.zeros(1, np.int32), np.zeros((1, 2), np.int32),
                 np.zeros(1, np.int32), mask, draft_len=2, max_ngram_size=ngram)
 
 

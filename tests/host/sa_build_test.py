@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import jax
 import numpy as np
 
-from jaxspec.device import sa_state
+from jaxspec import sa_layout
 from jaxspec.host import sa_build
 from jaxspec.host import sa_reference
 
@@ -19,9 +19,9 @@ def _texts(max_size=48):
         lambda v: st.lists(st.integers(0, v - 1), min_size=0, max_size=max_size))
 
 
-def _edges(slot: sa_state.SAState, s: int) -> dict[int, int]:
+def _edges(slot: sa_layout.SAState, s: int) -> dict[int, int]:
     """State `s`'s transitions, read through its edge list."""
-    edges, edge = {}, int(slot.states[s, sa_state.EDGE_HEAD])
+    edges, edge = {}, int(slot.states[s, sa_layout.EDGE_HEAD])
     while edge:
         source, token, target, edge = (int(x) for x in slot.edges[edge - 1])
         assert source == s, (s, edge)
@@ -41,9 +41,9 @@ class BuildTest(parameterized.TestCase):
         self.assertEqual(int(slot.last), ref.last)
         self.assertEqual(int(slot.text_len), len(tokens))
         np.testing.assert_array_equal(slot.text[:len(tokens)], tokens)
-        np.testing.assert_array_equal(slot.states[:n, sa_state.LEN], ref.len)
-        np.testing.assert_array_equal(slot.states[:n, sa_state.LINK], [0] + ref.link[1:])
-        np.testing.assert_array_equal(slot.states[:n, sa_state.FIRSTPOS],
+        np.testing.assert_array_equal(slot.states[:n, sa_layout.LEN], ref.len)
+        np.testing.assert_array_equal(slot.states[:n, sa_layout.LINK], [0] + ref.link[1:])
+        np.testing.assert_array_equal(slot.states[:n, sa_layout.FIRSTPOS],
                                       [0] + ref.firstpos[1:])
         self.assertEqual([_edges(slot, s) for s in range(n)], ref.next)
         # Nothing is written past the used states and text.
@@ -53,18 +53,18 @@ class BuildTest(parameterized.TestCase):
     @_SETTINGS
     def test_every_edge_is_found_by_probing(self, tokens):
         slot = sa_build.build(tokens, max(1, len(tokens)))
-        for bucket in np.flatnonzero(slot.edges[:, sa_state.TARGET]):
-            source, token = (int(x) for x in slot.edges[bucket, :sa_state.TARGET])
-            probe = int(sa_state.hash_bucket(np.int32(source), np.int32(token), slot.table_size))
+        for bucket in np.flatnonzero(slot.edges[:, sa_layout.TARGET]):
+            source, token = (int(x) for x in slot.edges[bucket, :sa_layout.TARGET])
+            probe = int(sa_layout.hash_bucket(np.int32(source), np.int32(token), slot.table_size))
             while probe != bucket:
                 # Linear probing: every bucket between the hash and the edge is occupied.
-                self.assertNotEqual(int(slot.edges[probe, sa_state.TARGET]), 0)
+                self.assertNotEqual(int(slot.edges[probe, sa_layout.TARGET]), 0)
                 probe = (probe + 1) % slot.table_size
 
     def test_layout_size(self):
         slot = sa_build.build([1, 2, 3], 100)
         self.assertEqual(sum(np.asarray(a).nbytes for a in jax.tree.leaves(slot)),
-                         sa_state.bytes_per_slot(100))
+                         sa_layout.bytes_per_slot(100))
         self.assertEqual(slot.table_size, 400)
         self.assertEqual(slot.states.shape, (200, 4))
         self.assertEqual(slot.edges.shape, (400, 4))
@@ -73,7 +73,7 @@ class BuildTest(parameterized.TestCase):
         tokens = np.random.default_rng(0).integers(0, 200_000, 3000)
         slot = sa_build.build(tokens, 3000)
         ref = sa_reference.SuffixAutomaton(tokens.tolist())
-        np.testing.assert_array_equal(slot.states[1:ref.num_states, sa_state.FIRSTPOS],
+        np.testing.assert_array_equal(slot.states[1:ref.num_states, sa_layout.FIRSTPOS],
                                       ref.firstpos[1:])
 
     @parameterized.named_parameters(

@@ -1,4 +1,5 @@
-"""The pure-Python suffix automaton against hand-computed cases and the brute-force specification."""
+"""The pure-Python suffix automaton against hand-computed cases and the brute-force
+specification."""
 
 import doctest
 

@@ -4,7 +4,6 @@ brute-force oracle (`sa_reference.naive_*`) and slot arrays with the host builde
 """
 
 import functools
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -15,13 +14,14 @@ from jax import export
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import pallas_kernels
+from jaxspec import sa_layout
 from jaxspec.device import sa_global as sa_global_ref
 from jaxspec.device import sa_state
 from jaxspec.host import sa_build
 from jaxspec.host import sa_reference
 from jaxspec.pallas_kernels import sa_extend
 from jaxspec.pallas_kernels import sa_global
+from tests.helpers import draft_rows
 
 # Fixed small shapes, so each implementation compiles once per mode.
 NUM_SLOTS = 3
@@ -48,7 +48,7 @@ def _scenario(draw, max_steps=5):
 
 
 def _pool(prompts):
-    state = sa_state.init_state(NUM_SLOTS, MAX_SEQ_LEN)
+    state = sa_layout.init_state(NUM_SLOTS, MAX_SEQ_LEN)
     for slot, prompt in enumerate(prompts):
         state = sa_state.write_slot(state, jnp.int32(slot), sa_build.build(prompt, MAX_SEQ_LEN))
     return state
@@ -61,14 +61,6 @@ def _batch(slots, chunks):
     return (jnp.asarray(slots, jnp.int32), jnp.asarray(accepted),
             jnp.asarray([len(c) for c in chunks], jnp.int32))
 
-
-def _rows(match_len, draft, lens):
-    """Per row `(match_len, real draft)`, checking the zero fill past the real length."""
-    out = []
-    for m, d, n in zip(np.asarray(match_len), np.asarray(draft), np.asarray(lens), strict=True):
-        np.testing.assert_array_equal(d[n:], 0)
-        out.append((int(m), d[:n].tolist()))
-    return out
 
 
 @absltest.skipThisClass("base class: run through its subclasses")
@@ -94,7 +86,7 @@ class SAKernelTestBase(parameterized.TestCase):
     def _assert_slots_match_host_build(self, state, texts):
         for slot, text in enumerate(texts):
             host = sa_build.build(text, MAX_SEQ_LEN)
-            for name in sa_state.SAState.__dataclass_fields__:
+            for name in sa_layout.SAState.__dataclass_fields__:
                 np.testing.assert_array_equal(np.asarray(getattr(state, name)[slot]),
                                               getattr(host, name), err_msg=f"{slot=} {name}")
         dummy = state.slot(NUM_SLOTS)
@@ -124,7 +116,7 @@ class SAKernelTestBase(parameterized.TestCase):
                     texts[slot] += chunk
                     expected.append(sa_reference.naive_draft(texts[slot], DRAFT_LEN,
                                                              max_ngram_size))
-                self.assertEqual(_rows(*outs), expected)
+                self.assertEqual(draft_rows(*outs), expected)
             self._assert_slots_match_host_build(state, texts)
 
         check()
@@ -149,7 +141,7 @@ class SAKernelTestBase(parameterized.TestCase):
                         texts[slot] += chunk
                 expected = [sa_reference.naive_global_draft(texts, slot, active, DRAFT_LEN,
                                                             max_ngram_size) for slot in slots]
-                self.assertEqual(_rows(*outs), expected)
+                self.assertEqual(draft_rows(*outs), expected)
             self._assert_slots_match_host_build(state, texts[:NUM_SLOTS])
 
         check()
@@ -167,7 +159,7 @@ class SAKernelTestBase(parameterized.TestCase):
         state, *outs = self.extend_and_lookup(_pool(prompts), *_batch(slots, chunks),
                                               draft_len=DRAFT_LEN, max_ngram_size=max_ngram_size)
         expected = [(2, [3, 1, 2]), (3, [4]) if max_ngram_size == -1 else (2, [4, 4]), (0, [])]
-        self.assertEqual(_rows(*outs), [(0, [])] * pad + expected)
+        self.assertEqual(draft_rows(*outs), [(0, [])] * pad + expected)
         self._assert_slots_match_host_build(state, [[1, 2, 3, 1, 2], [4, 4, 4, 4], [5, 6]])
 
     @parameterized.named_parameters(
@@ -191,7 +183,7 @@ class SAKernelTestBase(parameterized.TestCase):
         state, *outs = self.extend_and_global_search(
             _pool(prompts), *_batch([own], [[]]), jnp.ones(NUM_SLOTS + 1, jnp.bool_),
             draft_len=DRAFT_LEN)
-        self.assertEqual(_rows(*outs), [expected])
+        self.assertEqual(draft_rows(*outs), [expected])
 
     def test_capacity_drops_tokens(self):
         prompts = [[1, 2] * (MAX_SEQ_LEN // 2 - 1), [], []]
@@ -223,7 +215,7 @@ def _abstract_args(rows=5, width=4, num_slots=3, max_seq_len=40):
     def i32(*shape):
         return jax.ShapeDtypeStruct(shape, jnp.int32)
 
-    state = jax.eval_shape(lambda: sa_state.init_state(num_slots, max_seq_len))
+    state = jax.eval_shape(lambda: sa_layout.init_state(num_slots, max_seq_len))
     return state, i32(rows), i32(rows, width), i32(rows)
 
 
@@ -252,54 +244,6 @@ class LoweringTest(parameterized.TestCase):
                               max_ngram_size=max_ngram_size),
             *_abstract_args(), jax.ShapeDtypeStruct((4,), jnp.bool_))
         self.assertEqual(module.count("xla.gpu.triton"), 2)
-
-
-class ImplementationSwitchTest(parameterized.TestCase):
-
-    def _args(self, draft_len):
-        state = sa_state.write_slot(sa_state.init_state(2, 16), jnp.int32(0),
-                                    sa_build.build([1, 2, 1], 16))
-        return (state, *_batch([0], [[2]])), dict(draft_len=draft_len)
-
-    @parameterized.parameters(None, "xla")
-    def test_cpu_runs_the_reference(self, implementation):
-        args, kwargs = self._args(2)
-        _, *outs = pallas_kernels.sa_extend_and_lookup(*args, **kwargs,
-                                                       implementation=implementation)
-        self.assertEqual(_rows(*outs), [(2, [1, 2])])
-        args, kwargs = self._args(2)
-        _, *outs = pallas_kernels.sa_extend_and_global_search(
-            *args, jnp.ones(3, jnp.bool_), **kwargs, implementation=implementation)
-        self.assertEqual(_rows(*outs), [(2, [1, 2])])
-
-    def test_forced_pallas_raises_not_implemented(self):
-        args, kwargs = self._args(0)
-        with self.assertRaisesRegex(NotImplementedError, "draft_len >= 1"):
-            pallas_kernels.sa_extend_and_lookup(*args, **kwargs, implementation="pallas")
-
-    def test_auto_falls_back_to_the_reference(self):
-        # Pretend to be on a GPU: draft_len=0 is not implemented by the kernel, so the switch
-        # must run the reference (which would fail to compile the kernel on CPU otherwise).
-        args, kwargs = self._args(0)
-        with mock.patch.object(jax, "default_backend", return_value="gpu"):
-            _, match_len, draft, lens = pallas_kernels.sa_extend_and_lookup(*args, **kwargs)
-        self.assertEqual((int(match_len[0]), draft.shape, int(lens[0])), (2, (1, 0), 0))
-
-    def test_bad_implementation(self):
-        args, kwargs = self._args(2)
-        with self.assertRaisesRegex(ValueError, "'triton'"):
-            pallas_kernels.sa_extend_and_lookup(*args, **kwargs, implementation="triton")
-
-    def test_traceable_inside_a_callers_jit(self):
-        @functools.partial(jax.jit, static_argnames="implementation")
-        def step(state, slots, accepted, num_accepted, implementation):
-            return pallas_kernels.sa_extend_and_lookup(state, slots, accepted, num_accepted,
-                                                       draft_len=2,
-                                                       implementation=implementation)
-
-        args, _ = self._args(2)
-        _, *outs = step(*args, implementation=None)
-        self.assertEqual(_rows(*outs), [(2, [1, 2])])
 
 
 if __name__ == "__main__":
