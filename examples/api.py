@@ -1,4 +1,4 @@
-"""The Python API: generate, stream, batch, choose a drafter, write your own.
+"""The Python API: generate, stream, batch, choose a drafter, write your own, enhance it.
 
     python examples/api.py
 """
@@ -37,6 +37,15 @@ def main():
 
     custom = engine.generate(edit, max_new_tokens=32, spec=RepeatLastDrafter(max_draft_len=2))
     print("custom drafter, accepted", custom.stats["accepted"], "of", custom.stats["drafted"])
+
+    # Any Drafter is a draft source (a draft model, MTP heads...); an enhancer runs a suffix
+    # automaton per request beside it, and rows whose automaton match is at least `threshold`
+    # tokens long verify the automaton's continuation instead.
+    engine.set_spec(RepeatLastDrafter(max_draft_len=4), enhancer=js.SAEnhancerConfig(threshold=3))
+    enhanced = engine.generate(edit, max_new_tokens=32)
+    print("enhanced drafter, accepted", enhanced.stats["accepted"], "of",
+          enhanced.stats["drafted"])
+    return out, custom, enhanced
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ import argparse
 import inspect
 import textwrap
 
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxspec.device import kv_cache
 from jaxspec.device import sampling
 from jaxspec.device import step as step_lib
-from jaxspec.host import sa_manager
+from jaxspec.host import sa_slots
 
 
 def main(argv=None):
@@ -52,22 +52,27 @@ def main(argv=None):
     greedy = sampling.SamplingArrays(temperature=jnp.zeros(1), top_k=jnp.zeros(1, jnp.int32),
                                      top_p=jnp.ones(1), seed=jnp.zeros(1, jnp.int32))
 
-    # 1) Prefill the prompt; the chosen token is the first generated one.
-    cfg = step_lib.StepConfig(graphdef=graphdef, k=args.k, drafting="sa", sa_draft_len=args.k)
+    # 1) Device state: the KV pages and one automaton slot (plus the dummy slot for padding).
+    slot_book = sa_slots.SASlots(max_slots=1, max_seq_len=max_len + args.k, max_num_requests=1)
+    state = step_lib.init_state(kv, slot_book.new_state(), draft_len=args.k)
+    cfg = step_lib.StepConfig(graphdef=graphdef, k=args.k, draft_source="sa", automaton=True,
+                              sa_draft_len=args.k)
+
+    # 2) Prefill the prompt; the chosen token is the first generated one.
     view = kv_cache.CacheView(page_table=page_table, lengths=jnp.zeros(1, jnp.int32),
                               num_new=jnp.asarray([len(prompt)], jnp.int32))
-    kv, first = step_lib.prefill(params, kv, jnp.asarray([prompt], jnp.int32), view, greedy,
-                                 cfg=cfg)
+    state, first = step_lib.prefill(params, state, jnp.asarray([prompt], jnp.int32), view,
+                                    greedy, cfg=cfg)
     tokens, length = list(prompt) + [int(first[0])], len(prompt)      # length = tokens cached
 
-    # 2) An automaton slot built from the text so far, and its first drafts.
-    sa = sa_manager.SAManager(max_slots=1, max_seq_len=max_len + args.k, max_num_requests=1)
-    sa.add_request("r0", tokens)
-    slots = jnp.asarray(sa.prepare(["r0"]))
-    buf = step_lib.init_draft_buffer(sa.num_slots + 1, args.k)
-    sa.state, buf = step_lib.prime_drafts(sa.state, buf, None, slots, cfg=cfg)
+    # 3) The text so far as an automaton (built on the host), copied in; its first drafts.
+    slot_book.add_request("r0", tokens)
+    sa, mask = slot_book.flush(state.sa, state.active_mask)
+    state = state.replace(sa=sa, active_mask=mask)
+    slots = jnp.asarray(slot_book.slots(["r0"]))
+    state, _ = step_lib.prime_drafts(state, slots, cfg=cfg)
 
-    # 3) The loop: one jitted call per iteration; the host moves the length, nothing else.
+    # 4) The loop: one jitted call per iteration; the host moves the length, nothing else.
     committed_per_step = []
     for _ in range(args.steps):
         inputs = step_lib.StepInputs(
@@ -75,7 +80,7 @@ def main(argv=None):
             draft_lens=jnp.zeros(1, jnp.int32), slots=slots, sampling=greedy,
             view=kv_cache.CacheView(page_table=page_table, lengths=jnp.asarray([length]),
                                     num_new=jnp.asarray([1 + args.k], jnp.int32)))
-        kv, sa.state, buf, out = step_lib.step(params, kv, sa.state, buf, None, inputs, cfg=cfg)
+        state, out = step_lib.step(params, state, inputs, cfg=cfg)
         n = int(out.num_new_tokens[0])
         tokens += [int(t) for t in np.asarray(out.new_tokens[0, :n])]
         length += n                     # rollback of the rejected drafts = not counting them

@@ -11,8 +11,9 @@ A string prompt is wrapped in the model's chat template (pass `chat=False` to fe
 of ints is used as token ids as is. A list of prompts runs as one continuous batch.
 """
 
+from collections.abc import Iterator
+from collections.abc import Sequence
 import dataclasses
-from collections.abc import Iterator, Sequence
 
 from jaxspec import config as config_lib
 from jaxspec.host import drafter as drafter_lib
@@ -73,20 +74,30 @@ class Engine:
       tokenizer: a `jaxspec.models.tokenizer.Tokenizer`, or None to work on token ids only.
       spec: "none" | "sa" | "ngram" | "auto", a spec config (`NGramConfig`, `SAConfig`,
         `AutoConfig`), a `Drafter` instance, or None.
+      enhancer: an `SAEnhancerConfig`: device suffix automata whose drafts replace the spec's
+        host drafts (an n-gram pool or your `Drafter`, e.g. a neural draft source) on the rows
+        where the automaton's match is at least `threshold` tokens long.
       scheduler: capacity; the defaults fit batch 8 of 2048-token sequences.
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
+
+    Raises:
+      ValueError: a capacity the model or the device cannot hold.
+      TypeError: an unknown spec, or an enhancer without a host drafter.
     """
 
     def __init__(self, model, tokenizer=None, *, spec="auto",
+                 enhancer: config_lib.SAEnhancerConfig | None = None,
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
                  sa_implementation: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
         self.sa_implementation = sa_implementation
+        self.last_stats: dict | None = None
         self._spec = None
+        self._enhancer = None
         self._executor = None
-        self.set_spec(spec)
+        self.set_spec(spec, enhancer=enhancer)
 
     @classmethod
     def load(cls, path: str | None = None, **kwargs) -> "Engine":
@@ -96,7 +107,7 @@ class Engine:
         model, tokenizer = models.load(path)
         return cls(model, tokenizer, **kwargs)
 
-    def set_spec(self, spec):
+    def set_spec(self, spec, *, enhancer: config_lib.SAEnhancerConfig | None = None):
         """Switches the speculation method (a new executor: the KV cache is reallocated)."""
         if isinstance(spec, str):
             spec = spec_from_name(spec)
@@ -104,12 +115,14 @@ class Engine:
                                                   config_lib.AutoConfig, drafter_lib.Drafter))):
             raise TypeError(f"spec must be a name in {SPEC_NAMES}, a spec config, a Drafter or "
                             f"None; got {spec!r}")
-        if self._executor is not None and spec == self._spec:
+        if not (enhancer is None or isinstance(enhancer, config_lib.SAEnhancerConfig)):
+            raise TypeError(f"enhancer must be an SAEnhancerConfig or None; got {enhancer!r}")
+        if self._executor is not None and (spec, enhancer) == (self._spec, self._enhancer):
             return
-        self._spec = spec
+        self._spec, self._enhancer = spec, enhancer
         self._executor = None              # free the old cache before allocating the new one
         self._executor = executor_lib.Executor(
-            self.model, scheduler_config=self.scheduler_config, spec=spec,
+            self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
             sa_implementation=self.sa_implementation)
 
     @property
@@ -129,8 +142,6 @@ class Engine:
                     [{"role": "user", "content": prompt}], add_generation_prompt=True)
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
-            if not prompt:
-                raise ValueError("prompt is empty")
             return list(prompt)
         raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
 
@@ -146,20 +157,19 @@ class Engine:
 
     # ------------------------------------------------------------------ generation
 
-    def _submit(self, prompts, params: requests_lib.SamplingParams, stops, chat: bool):
+    def _start(self, prompts, spec, params, sampling, chat: bool):
+        """Switches spec if given, starts a new run's metrics and queues every prompt (all
+        checked first, so a bad one queues nothing); returns (request ids, stop ids)."""
+        if spec is not None:
+            self.set_spec(spec)
+        params, stops = self._params(params, sampling)
         ids = [self.encode_prompt(p, chat=chat) for p in prompts]
-        # Validate every prompt before queuing any, so a bad one changes nothing.
         for tokens in ids:
-            bad = [t for t in tokens if not 0 <= t < self.model.vocab_size]
-            if bad:
-                raise ValueError(f"token ids outside the vocabulary [0, {self.model.vocab_size})"
-                                 f": {bad[:8]}")
-            total = len(tokens) + params.max_new_tokens
-            if total > self.scheduler_config.max_seq_len:
-                raise ValueError(f"prompt of {len(tokens)} tokens + max_new_tokens "
-                                 f"{params.max_new_tokens} = {total} exceeds max_seq_len="
-                                 f"{self.scheduler_config.max_seq_len}")
-        return [self._executor.add_request(t, params, stops) for t in ids]
+            requests_lib.check_prompt(tokens, vocab_size=self.model.vocab_size,
+                                      max_new_tokens=params.max_new_tokens,
+                                      max_seq_len=self.scheduler_config.max_seq_len)
+        self._executor.reset_stats()
+        return [self._executor.add_request(t, params, stops) for t in ids], stops
 
     def _text(self, tokens: list[int], stops) -> str | None:
         if self.tokenizer is None:
@@ -168,28 +178,28 @@ class Engine:
 
     def generate_batch(self, prompts: Sequence, *, params=None, chat: bool = True,
                        spec=None, **sampling) -> BatchResult:
-        """Runs all prompts as one continuous batch; results in prompt order."""
-        if spec is not None:
-            self.set_spec(spec)
-        ex = self._executor
-        ex.stats = ex.stats.__class__()
-        params, stops = self._params(params, sampling)
-        rids = self._submit(prompts, params, stops, chat)
-        while ex.has_work():
-            ex.step()
+        """Runs all prompts as one continuous batch; results in prompt order.
+
+        `spec=None` keeps the engine's current spec (pass "none" for plain decoding); any other
+        value switches to it for this and later calls, as `set_spec` does.
+        """
+        rids, stops = self._start(prompts, spec, params, sampling, chat)
+        done = self._executor.run()
         gens = []
         for rid in rids:
-            r = ex.requests.pop(rid)
+            r = done[rid]
             gens.append(Generation(
                 token_ids=list(r.output), text=self._text(r.output, stops),
                 finish_reason=r.finish_reason,
                 stats={"prompt_tokens": len(r.prompt), "generated_tokens": len(r.output),
                        "verify_steps": r.steps, "drafted": r.drafted, "accepted": r.accepted}))
-        return BatchResult(generations=gens, stats=ex.stats.summary())
+        self.last_stats = self._executor.stats.summary()
+        return BatchResult(generations=gens, stats=self.last_stats)
 
     def generate(self, prompt, *, params=None, chat: bool = True, spec=None,
                  **sampling) -> Generation:
-        """Generates for one prompt; `stats` holds the run's metrics."""
+        """Generates for one prompt; `stats` holds the run's metrics. `spec` as in
+        `generate_batch`."""
         result = self.generate_batch([prompt], params=params, chat=chat, spec=spec, **sampling)
         gen = result.generations[0]
         return dataclasses.replace(gen, stats={**result.stats, **gen.stats})
@@ -198,20 +208,19 @@ class Engine:
                **sampling) -> Iterator[str]:
         """Yields text pieces as tokens are committed (token ids when there is no tokenizer).
 
-        After the generator is exhausted, `engine.last_stats` holds the run's metrics.
+        `spec` as in `generate_batch`. After the generator is exhausted (or closed),
+        `engine.last_stats` holds the run's metrics.
         """
-        if spec is not None:
-            self.set_spec(spec)
+        (rid,), stops = self._start([prompt], spec, params, sampling, chat)
         ex = self._executor
-        ex.stats = ex.stats.__class__()
-        params, stops = self._params(params, sampling)
-        (rid,) = self._submit([prompt], params, stops, chat)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
+        finished = False
         try:
-            while ex.has_work():
+            while not finished:
                 for event in ex.step():
                     if event.request_id != rid:
                         continue
+                    finished = event.finished
                     for tok in event.tokens:
                         if decoder is None:
                             yield tok
@@ -224,7 +233,6 @@ class Engine:
                 if tail:
                     yield tail
         finally:
-            if not ex.requests[rid].finished:
+            if not finished:
                 ex.cancel(rid)
-            ex.requests.pop(rid, None)
             self.last_stats = ex.stats.summary()

@@ -12,9 +12,9 @@ them); `build_model` splits the stacks into the model's per-layer parameters
     lm_head.kernel             [D, V]               (only when embeddings are untied)
 """
 
+from flax import nnx
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxspec.models import llama
 

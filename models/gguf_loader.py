@@ -28,12 +28,13 @@ import pathlib
 import shutil
 import tempfile
 
-import numpy as np
-import tokenizers
 from gguf import GGUFReader
 from gguf.constants import TokenType
 from gguf.quants import dequantize
-from tokenizers import decoders, pre_tokenizers
+import numpy as np
+import tokenizers
+from tokenizers import decoders
+from tokenizers import pre_tokenizers
 
 from jaxspec.models import checkpoint
 from jaxspec.models import llama
@@ -43,7 +44,7 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama",)
 CACHE_ENV = "JAXSPEC_CACHE"
 # Bump when the cached layout or the conversion changes, so stale entries are never read.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 
 # llama.cpp's pre-tokenizer types we reproduce exactly. 'smollm' (like 'starcoder') splits every
 # digit on its own before the GPT-2 regex; see llama-vocab.cpp.
@@ -185,7 +186,12 @@ def config_from_gguf(reader: GGUFReader, path: pathlib.Path) -> llama.LlamaConfi
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in tensors,
+        max_position_embeddings=_optional_int(get("context_length", None)),
     )
+
+
+def _optional_int(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -251,12 +257,13 @@ def tokenizer_from_gguf(reader: GGUFReader, path: pathlib.Path) -> tokenizer_lib
     backend.decoder = decoders.ByteLevel()
     # Control tokens are matched whole in text (and are special); user-defined tokens are matched
     # whole too but are ordinary text. Both bypass BPE, as in llama.cpp.
+    typed = list(zip(tokens, types, strict=True))
     backend.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False)
-                        for t, ty in zip(tokens, types) if ty == TokenType.USER_DEFINED])
+                        for t, ty in typed if ty == TokenType.USER_DEFINED])
     backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
-                                for t, ty in zip(tokens, types) if ty == TokenType.CONTROL])
+                                for t, ty in typed if ty == TokenType.CONTROL])
     eos = get("tokenizer.ggml.eos_token_id", None)
-    control = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == TokenType.CONTROL}
+    control = {t: i for i, (t, ty) in enumerate(typed) if ty == TokenType.CONTROL}
     eos_ids = [] if eos is None else [int(eos)]
     eos_ids += [control[t] for t in _END_OF_GENERATION
                 if t in control and control[t] not in eos_ids]

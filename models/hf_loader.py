@@ -116,6 +116,7 @@ def config_from_hf(config: dict, path: pathlib.Path) -> llama.LlamaConfig:
         rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=config.get("max_position_embeddings"),
     )
 
 

@@ -6,9 +6,9 @@ so a loader that swaps or drops a norm is caught. It is deterministic in its see
 
 import dataclasses
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from jaxspec.models import llama
 
@@ -33,7 +33,7 @@ def tiny_model(seed: int = 0, **overrides) -> llama.LlamaForCausalLM:
     """A randomly initialized tiny model; the same seed and overrides give the same weights."""
     model = llama.LlamaForCausalLM(tiny_config(**overrides), rngs=nnx.Rngs(seed))
     key = jax.random.key(seed)
-    norms = [l.input_norm for l in model.layers] + [l.post_norm for l in model.layers]
+    norms = [x.input_norm for x in model.layers] + [x.post_norm for x in model.layers]
     for norm in norms + [model.norm]:
         key, sub = jax.random.split(key)
         norm.weight[...] = 1.0 + 0.1 * jax.random.normal(sub, norm.weight.shape, jnp.float32)

@@ -12,10 +12,12 @@ tokens back until the character is complete:
     add(.)   ""   "你"   ""   "好"
 """
 
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 import dataclasses
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
 
 import jinja2
 import jinja2.ext

@@ -1,17 +1,23 @@
 """Strict numerics for every test, as the house style asks (equinox's conftest), and the fixtures
-shared across test folders: the real default model, a full uncached forward, and the uncached
-greedy decoding loop every engine test compares against."""
+shared across test folders: the tiny and the real default model (each built once per session),
+random prompts, a full uncached forward, and the uncached greedy decoding loop every engine test
+compares against.
+
+Tests marked `slow` (the real model, long property tests) run in `make test` and are skipped by
+`make test-fast`.
+"""
 
 import functools
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxspec.device import kv_cache
 from jaxspec.models import registry
+from jaxspec.models import tiny
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -23,6 +29,12 @@ PAGE_SIZE = 16
 def smollm2():
     """(model, tokenizer) of the embedded default, through the on-disk cache."""
     return registry.load(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """The tiny random Llama of seed 0 (`jaxspec.models.tiny`); tests must not mutate it."""
+    return tiny.tiny_model(seed=0)
 
 
 @functools.lru_cache(maxsize=4)

@@ -24,9 +24,9 @@ length reset, done on the host:
     verify:  feed [t d0 d1 d2] -> positions 5..8:  page 3 [p4 t  d0 d1]  page 5 [d2 .  .  . ]
     accept:  d0 accepted, d1 rejected; the bonus token x comes from the logits at d0
     after:   length = 5 + 1 + 1 = 7 (t and d0 committed), next input x; slots 7..8 (d1 d2) are
-             stale but masked, and the next forward overwrites them. Pages wholly past the
-             length (page 5 here) return to the allocator when the sequence no longer reserves
-             them (the scheduler keeps 1 + K slots reserved while it generates).
+             stale but masked, and the next forward overwrites them. Page 5 stays with the
+             sequence (the next step writes there again); all its pages return to the allocator
+             when it finishes.
 """
 
 import flax.struct

@@ -20,6 +20,7 @@ class CacheSpec:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    max_context_len: int | None = None   # positions the model was trained for; None: unknown
 
 
 class CausalLM(Protocol):

@@ -1,36 +1,53 @@
 """The one-engine step: forward -> verify -> commit -> automaton extend -> next drafts.
 
-Two jitted entry points, both pure functions of pytrees:
+Three jitted entry points, pure functions of pytrees. Each takes the executor's `DeviceState`
+(donated: updated in place) and returns it:
 
-  prefill(...)  runs one prompt chunk per row and picks each row's next token from the logits at its
-                last valid position (used when the chunk completes the prompt).
-  step(...)     runs `[B, 1 + K]` = the last committed token and K draft slots per row, verifies the
-                drafts (verify.py), and — with the suffix automaton drafter — extends each row's
-                automaton with exactly the committed tokens and looks up the next drafts, all on the
-                device. The drafts wait in a `DraftBuffer` indexed by automaton slot until the next
-                step reads them, so they never travel to the host.
+  prefill(...)       runs one prompt chunk per row and picks each row's next token from the logits
+                     at its last valid position (used when the chunk completes the prompt).
+  prime_drafts(...)  the first drafts of automata just copied from the host.
+  step(...)          runs `[B, 1 + K]` = the last committed token and K draft slots per row,
+                     verifies the drafts (verify.py), and — with device automata — extends each
+                     row's automaton with exactly the committed tokens and looks up the next
+                     drafts, all on the device. The drafts wait in a `DraftBuffer` indexed by
+                     automaton slot until the next step reads them, so they never travel to the
+                     host.
 
 KV rollback needs nothing here: every input position is written, and the host advances the
 sequence length by `num_new_tokens` only (kv_cache.py's diagram).
 
 Static configuration lives in the frozen, hashable `StepConfig`, passed as a static argument (one
 compilation per distinct config and input shapes; see jaxspec/schedule.py for the buckets).
+`trace_count` counts how often each entry point was traced, i.e. compiled (or loaded from the
+persistent compilation cache): tests pin it, and the executor reports the time of the iterations
+that compiled apart from the steady state.
 """
 
+import collections
 import dataclasses
 import functools
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
+from flax import nnx
 import flax.struct
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
+from jaxspec import sa_layout
+from jaxspec.device import enhancer
 from jaxspec.device import kv_cache
+from jaxspec.device import ops
 from jaxspec.device import sampling
 from jaxspec.device import verify
 
-Drafting = Literal["none", "host", "sa", "sa_global"]
+DraftSource = Literal["none", "host", "sa"]
+_TRACES: collections.Counter = collections.Counter()
+
+
+def trace_count(name: str) -> int:
+    """Times the entry point `name` ("prefill", "step", "prime_drafts") has been traced."""
+    return _TRACES[name]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,28 +58,38 @@ class StepConfig:
       graphdef: the model's NNX graph definition (weights are passed separately).
       k: draft slots per row this step (0 = plain decoding through the same machinery).
       greedy_only: no row samples, so no sampling code is compiled.
-      drafting: where drafts come from: "none"; "host" (the inputs carry them: NGram, user
-        drafters); "sa" / "sa_global" (the device draft buffer, refilled by the automaton).
+      draft_source: "none"; "host" (the inputs carry the drafts: NGram, user drafters); "sa"
+        (the device draft buffer, refilled by the automata).
+      automaton: device automata are extended with the committed tokens ("sa", or "host" with
+        an enhancer).
+      global_pool: the automata draft from the best active slot, not only their own.
       sa_draft_len: columns of the draft buffer (the largest K the automaton ever drafts).
       max_ngram_size: automaton lookup mode: -1 longest match, M > 0 fixed sizes M..1.
       min_match_len: automaton drafts behind a shorter match are not verified.
+      enhancer_threshold: with host drafts, rows whose automaton match is at least this long
+        verify the automaton's drafts instead (None: no enhancer).
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
     """
 
     graphdef: Any
     k: int
     greedy_only: bool = True
-    drafting: Drafting = "none"
+    draft_source: DraftSource = "none"
+    automaton: bool = False
+    global_pool: bool = False
     sa_draft_len: int = 0
     max_ngram_size: int = -1
     min_match_len: int = 1
+    enhancer_threshold: int | None = None
     sa_implementation: str | None = None
 
     def __post_init__(self):
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
-        if self.drafting in ("sa", "sa_global") and self.k > self.sa_draft_len:
+        if self.automaton and self.k > self.sa_draft_len:
             raise ValueError(f"k ({self.k}) exceeds the draft buffer width ({self.sa_draft_len})")
+        if self.draft_source == "sa" and not self.automaton:
+            raise ValueError("draft_source 'sa' needs automaton=True")
         # jit hashes its static arguments on every call; hashing a 30-layer graphdef costs ~2 ms.
         object.__setattr__(self, "_hash", hash(tuple(
             getattr(self, f.name) for f in dataclasses.fields(self))))
@@ -86,10 +113,37 @@ class DraftBuffer:
     match_len: jax.Array
 
 
-def init_draft_buffer(num_rows: int, draft_len: int) -> DraftBuffer:
-    return DraftBuffer(tokens=jnp.zeros((num_rows, draft_len), jnp.int32),
-                       lens=jnp.zeros((num_rows,), jnp.int32),
-                       match_len=jnp.zeros((num_rows,), jnp.int32))
+@flax.struct.dataclass
+class DeviceState:
+    """Everything the device keeps between steps. The executor owns the one instance; every
+    jitted entry point takes it (donated) and returns it.
+
+    Attributes:
+      kv: the paged KV cache.
+      sa: the automata of `num_slots + 1` slots, or None without device automata.
+      drafts: the automata's next drafts per slot, or None likewise.
+      active_mask: bool[num_slots + 1] slots the global search reads, or None likewise.
+    """
+
+    kv: kv_cache.KVPages
+    sa: sa_layout.SAState | None = None
+    drafts: DraftBuffer | None = None
+    active_mask: jax.Array | None = None
+
+
+def init_state(kv: kv_cache.KVPages, automata: tuple[sa_layout.SAState, jax.Array] | None = None,
+               draft_len: int = 0) -> DeviceState:
+    """A device state around `kv`; with `automata = (SAState, active_mask)` also a zeroed draft
+    buffer of `draft_len` columns per slot."""
+    if automata is None:
+        return DeviceState(kv=kv)
+    sa, active_mask = automata
+    rows = sa.num_slots + 1
+    # Distinct buffers: the state is donated, and one buffer cannot be donated twice.
+    drafts = DraftBuffer(tokens=jnp.zeros((rows, draft_len), jnp.int32),
+                         lens=jnp.zeros((rows,), jnp.int32),
+                         match_len=jnp.zeros((rows,), jnp.int32))
+    return DeviceState(kv=kv, sa=sa, drafts=drafts, active_mask=active_mask)
 
 
 @flax.struct.dataclass
@@ -98,12 +152,12 @@ class StepInputs:
 
     Attributes:
       last_tokens: i32[B] each row's last committed token (not yet in the cache).
-      drafts: i32[B, K] host drafts ("host" drafting); ignored otherwise (may be [B, 0]).
+      drafts: i32[B, K] host drafts (draft source "host"); ignored otherwise (may be [B, 0]).
       draft_lens: i32[B] real host draft lengths; ignored unless "host".
       view: cache view with num_new = 1 + K for real rows and 0 for padding rows.
       sampling: per-row sampling parameters.
-      slots: i32[B] each row's automaton slot (the dummy slot for padding rows); ignored unless
-        drafting is "sa" / "sa_global".
+      slots: i32[B] each row's automaton slot (the dummy slot for padding rows); ignored without
+        device automata.
     """
 
     last_tokens: jax.Array
@@ -123,10 +177,10 @@ class StepOutputs:
         num_new_tokens.
       num_new_tokens: i32[B] accepted drafts + 1.
       draft_lens: i32[B] drafts really verified this step (padding excluded).
-      match_len: i32[B] automaton match length behind the verified drafts (0 otherwise).
+      match_len: i32[B] automaton match length behind this step's automaton drafts (0 otherwise).
       next_draft_lens: i32[B] length of the automaton's next admitted drafts (0 behind a match
-        shorter than min_match_len, and without the automaton), already on the device: lets
-        the host size the next step's K without another sync.
+        shorter than min_match_len, and without automata), already on the device: lets the host
+        size the next step's K without another sync.
       next_match_len: i32[B] match length behind the next drafts.
     """
 
@@ -138,123 +192,132 @@ class StepOutputs:
     next_match_len: jax.Array
 
 
-def _forward_logits(graphdef, params, tokens, kv, view):
+def _forward(graphdef, params, tokens, kv, view):
     model = nnx.merge(graphdef, params)
     hidden, kv = model(tokens, kv, view)
     return model, hidden, kv
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv",))
-def prefill(params, kv: kv_cache.KVPages, tokens: jax.Array, view: kv_cache.CacheView,
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
+def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheView,
             sampling_arrays: sampling.SamplingArrays, *, cfg: StepConfig):
     """One prompt chunk per row.
 
     Args:
       params: the model's NNX state.
-      kv: cache pages (donated: updated in place).
+      state: the device state (donated; only its KV pages change).
       tokens: i32[B, C] chunk tokens, padded past view.num_new[b].
       view: rows' page tables; lengths = tokens of the prompt already cached.
       sampling_arrays: per-row sampling parameters.
       cfg: static configuration (its graphdef and greedy_only are used).
 
     Returns:
-      (kv, next_tokens i32[B]) — the token after each row's last valid chunk position.
+      (state, next_tokens i32[B]) — the token after each row's last valid chunk position.
     """
-    model, hidden, kv = _forward_logits(cfg.graphdef, params, tokens, kv, view)
+    _TRACES["prefill"] += 1
+    model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, view)
     last = jnp.maximum(view.num_new - 1, 0)
     logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1))   # [B, 1, V]
     positions = (view.lengths + view.num_new)[:, None]
     chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
                                     greedy_only=cfg.greedy_only)
-    return kv, chosen[:, 0]
+    return state.replace(kv=kv), chosen[:, 0]
 
 
-def _lookup_fn(cfg: StepConfig):
-    from jaxspec import pallas_kernels  # Pallas backends load only when the automaton is used.
-
-    if cfg.drafting == "sa_global":
-        def run(sa, slots, new_tokens, num_new, active_mask):
-            return pallas_kernels.sa_extend_and_global_search(
-                sa, slots, new_tokens, num_new, active_mask, draft_len=cfg.sa_draft_len,
-                max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
-    else:
-        def run(sa, slots, new_tokens, num_new, active_mask):
-            del active_mask
-            return pallas_kernels.sa_extend_and_lookup(
-                sa, slots, new_tokens, num_new, draft_len=cfg.sa_draft_len,
-                max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
-    return run
-
-
-def refill_drafts(cfg: StepConfig, sa, buf: DraftBuffer, slots, new_tokens, num_new, active_mask):
+def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_new):
     """Extends the automata with the committed tokens and stores the next drafts per slot."""
-    sa, match_len, drafts, lens = _lookup_fn(cfg)(sa, slots, new_tokens, num_new, active_mask)
+    if cfg.global_pool:
+        sa, match_len, drafts, lens = ops.sa_extend_and_global_search(
+            state.sa, slots, new_tokens, num_new, state.active_mask, draft_len=cfg.sa_draft_len,
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
+    else:
+        sa, match_len, drafts, lens = ops.sa_extend_and_lookup(
+            state.sa, slots, new_tokens, num_new, draft_len=cfg.sa_draft_len,
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
+    buf = state.drafts
     buf = DraftBuffer(tokens=buf.tokens.at[slots].set(drafts), lens=buf.lens.at[slots].set(lens),
                       match_len=buf.match_len.at[slots].set(match_len))
-    return sa, buf
+    return state.replace(sa=sa, drafts=buf)
 
 
 def _admitted(cfg: StepConfig, buf: DraftBuffer, slots):
-    """(draft lengths worth verifying, match lengths) of the drafts waiting for `slots`: none
-    behind a match shorter than cfg.min_match_len."""
+    """(draft lengths worth verifying, match lengths) of the automaton drafts waiting for `slots`:
+    none behind a match shorter than cfg.min_match_len (source "sa") or cfg.enhancer_threshold
+    (an enhancer)."""
     match_len = buf.match_len[slots]
-    return jnp.where(match_len >= cfg.min_match_len, buf.lens[slots], 0), match_len
+    least = cfg.min_match_len if cfg.enhancer_threshold is None else cfg.enhancer_threshold
+    return jnp.where(match_len >= least, buf.lens[slots], 0), match_len
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("kv", "sa", "buf"))
-def step(params, kv: kv_cache.KVPages, sa, buf: DraftBuffer | None, active_mask,
-         inputs: StepInputs, *, cfg: StepConfig):
-    """Forward over [B, 1+K], verify, commit, and (automaton drafting) refill the drafts.
+def _drafts(cfg: StepConfig, state: DeviceState, inputs: StepInputs):
+    """This step's (drafts i32[B, K], real lengths i32[B], automaton match lengths i32[B])."""
+    k = cfg.k
+    rows = inputs.last_tokens.shape[0]
+    if cfg.draft_source == "none":
+        none = jnp.zeros((rows,), jnp.int32)
+        return jnp.zeros((rows, k), jnp.int32), none, none
+    if not cfg.automaton:
+        return inputs.drafts, inputs.draft_lens, jnp.zeros((rows,), jnp.int32)
+    sa_drafts = state.drafts.tokens[inputs.slots, :k]
+    sa_lens, match_len = _admitted(cfg, state.drafts, inputs.slots)
+    if cfg.draft_source == "sa":
+        return sa_drafts, sa_lens, match_len
+    # Enhancer: rows with a long enough match verify the automaton's drafts, the others the host's.
+    drafts = enhancer.enhance(inputs.drafts, sa_drafts, match_len,
+                              threshold=cfg.enhancer_threshold)
+    override = match_len >= cfg.enhancer_threshold
+    return drafts, jnp.where(override, sa_lens, inputs.draft_lens), match_len
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
+def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
+    """Forward over [B, 1+K], verify, commit, and (device automata) refill the drafts.
 
     Args:
       params: the model's NNX state.
-      kv: cache pages (donated).
-      sa: the automaton state (donated), or None unless drafting is "sa"/"sa_global".
-      buf: the draft buffer (donated), or None likewise.
-      active_mask: bool[num_slots + 1] slots searchable by the global pool, or None.
+      state: the device state (donated).
       inputs: the batch.
       cfg: static configuration.
 
     Returns:
-      (kv, sa, buf, StepOutputs).
+      (state, StepOutputs).
     """
+    _TRACES["step"] += 1
     k = cfg.k
-    none = jnp.zeros_like(inputs.last_tokens)
-    match_len = next_lens = next_match = none
-    if cfg.drafting in ("sa", "sa_global"):
-        drafts = buf.tokens[inputs.slots, :k]
-        draft_lens, match_len = _admitted(cfg, buf, inputs.slots)
-        draft_lens = jnp.minimum(draft_lens, k)
-    elif cfg.drafting == "host":
-        drafts, draft_lens = inputs.drafts, jnp.minimum(inputs.draft_lens, k)
-    else:
-        drafts = jnp.zeros((inputs.last_tokens.shape[0], k), jnp.int32)
-        draft_lens = none
+    drafts, draft_lens, match_len = _drafts(cfg, state, inputs)
     # Padding rows (num_new == 0) verify nothing.
-    draft_lens = jnp.where(inputs.view.num_new > 0, draft_lens, 0)
+    draft_lens = jnp.where(inputs.view.num_new > 0, jnp.minimum(draft_lens, k), 0)
     tokens = jnp.concatenate([inputs.last_tokens[:, None], drafts], axis=1)      # [B, 1+K]
 
-    model, hidden, kv = _forward_logits(cfg.graphdef, params, tokens, kv, inputs.view)
+    model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, inputs.view)
+    state = state.replace(kv=kv)
     positions = inputs.view.lengths[:, None] + 1 + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
     target = sampling.choose_tokens(model.logits(hidden), inputs.sampling, positions,
                                     greedy_only=cfg.greedy_only)
     new_tokens, num_new = verify.accept(drafts, draft_lens, target)
-    if cfg.drafting in ("sa", "sa_global"):
+    next_lens = next_match = jnp.zeros_like(num_new)
+    if cfg.automaton:
         num_commit = jnp.where(inputs.view.num_new > 0, num_new, 0)
-        sa, buf = refill_drafts(cfg, sa, buf, inputs.slots, new_tokens, num_commit, active_mask)
-        next_lens, next_match = _admitted(cfg, buf, inputs.slots)
-    return kv, sa, buf, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
-                                    draft_lens=draft_lens, match_len=match_len,
-                                    next_draft_lens=next_lens, next_match_len=next_match)
+        state = _refill_drafts(cfg, state, inputs.slots, new_tokens, num_commit)
+        next_lens, next_match = _admitted(cfg, state.drafts, inputs.slots)
+    return state, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
+                              draft_lens=draft_lens, match_len=match_len,
+                              next_draft_lens=next_lens, next_match_len=next_match)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("sa", "buf"))
-def prime_drafts(sa, buf: DraftBuffer, active_mask, slots: jax.Array, *, cfg: StepConfig):
-    """First drafts for requests whose automaton was just built: a lookup that extends nothing.
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
+def prime_drafts(state: DeviceState, slots: jax.Array, *, cfg: StepConfig):
+    """First drafts for requests whose automaton was just copied in: a lookup that extends
+    nothing.
 
     Args:
+      state: the device state (donated).
       slots: i32[B] the new requests' slots (padding rows use the dummy slot).
+
+    Returns:
+      (state with their drafts in the draft buffer, i32[B] the drafts' admitted lengths).
     """
+    _TRACES["prime_drafts"] += 1
     nothing = jnp.zeros((slots.shape[0], 1), jnp.int32)
-    zero = jnp.zeros(slots.shape, jnp.int32)
-    return refill_drafts(cfg, sa, buf, slots, nothing, zero, active_mask)
+    state = _refill_drafts(cfg, state, slots, nothing, jnp.zeros(slots.shape, jnp.int32))
+    return state, _admitted(cfg, state.drafts, slots)[0]

@@ -1,64 +1,93 @@
-"""The iteration loop. Every call to `Executor.step` runs DESIGN §2's numbered steps:
+"""The iteration loop. `Executor.step` runs DESIGN §2's numbered steps, in order, one small method
+each:
 
-  1. Draft length K from the schedule: first from the number of active requests (to size the
-     placeholders), then corrected from the scheduled batch size (its compile bucket decides).
-  2. Batch gate, first match wins: schedule gives 0 -> off; acceptance gate disabled -> off;
+  1. `_draft_len`: K for the placeholders, from the number of active requests and the schedule.
+  2. `_batch_gate`, first match wins: schedule gives 0 -> off; acceptance gate disabled -> off;
      `should_use_spec_decode` (capacity) -> off.
-  3. Placeholder drafts: every decoding request reserves 1 + K tokens and KV slots.
-  4. Schedule: chunked prefill and decoding share `max_num_tokens`; KV pages are allocated.
-  5. Drafts: host drafters (NGram, user drafters) draft now, padded to the bucket's K with the
-     real lengths kept apart. The suffix automaton drafted inside the previous step, on the device.
-  6. Forward + verify in one jitted call per bucket; KV rollback is a length reset.
-  7. Commit accepted tokens + the bonus token; the automata were extended with exactly those
-     tokens inside the step, which also produced the next drafts.
-  8. Feed the acceptance gate with the batch's pooled rate (accepted / really drafted).
+  3-4. `Scheduler.schedule`: every decoding request reserves 1 + K tokens of the budget (its
+     placeholder drafts), then prompt chunks share the rest (chunked prefill).
+  5. `_plan`: rows and K, decided once for the scheduled batch: its compile bucket gives K, within
+     the token budget left after the prompt chunks; host drafters (NGram, user drafters) draft
+     now, padded to K with the real lengths kept apart (the automata drafted inside the previous
+     step, on the device); a batch with no draft runs with K = 0; KV pages for 1 + K per row.
+  6. `_run`: forward + verify in one jitted call (`_prefill` does the forward of prompt chunks);
+     KV rollback is a length reset.
+  7. `_commit`: accepted tokens + the bonus token go to the requests; the automata were extended
+     with exactly those tokens inside the step, which also produced the next drafts.
+  8. `_feed_gate`: the acceptance gate sees the batch's pooled rate (accepted / really drafted).
 
 K = 0 is plain decoding through the same machinery. The host is the source of truth for sequence
-lengths and page tables; the device holds the KV pages, the automata and the next drafts.
-Per-step inputs are built as numpy arrays and handed to the jitted calls as they are: jit moves
-them to the device in one go, cheaper than a device array per field.
+lengths and page tables; the device state (KV pages, automata, next drafts, the global pool's
+mask) is one pytree, `Executor.state`, owned here and passed through every jitted call. Per-step
+inputs are numpy arrays handed to the jitted calls as they are: jit moves them to the device in
+one go, cheaper than a device array per field.
+
+A finished request leaves the executor at once: its last `TokenEvent` carries it (`result`), so
+nothing piles up however the executor is driven.
 """
 
+from collections.abc import Sequence
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
 
+from flax import nnx
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxspec import config as config_lib
 from jaxspec import schedule as schedule_lib
 from jaxspec.device import kv_cache
 from jaxspec.device import sampling
 from jaxspec.device import step as step_lib
+from jaxspec.host import capacity
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
+from jaxspec.host import policy as policy_lib
 from jaxspec.host import requests as requests_lib
+from jaxspec.host import sa_slots
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.host import stats as stats_lib
 
-SpecLike = (config_lib.NGramConfig | config_lib.SAConfig | config_lib.AutoConfig
-            | drafter_lib.Drafter | None)
+ENTRY_POINTS = ("prefill", "step", "prime_drafts")
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenEvent:
-    """Tokens a request committed in one iteration (possibly none, when it just finished)."""
+    """Tokens a request committed in one iteration (possibly none, when it was cut short).
+
+    Attributes:
+      request_id: the request.
+      tokens: the tokens committed this iteration.
+      result: on the request's last event, the finished request (output, finish reason,
+        counters); None before.
+    """
 
     request_id: int
     tokens: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None
+    result: requests_lib.Request | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.result.finish_reason if self.result is not None else None
 
 
-class _DeviceDrafterPolicy(drafter_lib.Drafter):
-    """The schedule and batch gate of the suffix automaton, whose drafts are made on the device."""
+@dataclasses.dataclass
+class _Plan:
+    """One decode batch, as decided in step 5."""
 
-    def prepare_draft_tokens(self, requests):
-        raise TypeError("the suffix automaton drafts on the device inside the step; "
-                        "there are no host drafts to prepare")
+    requests: list[requests_lib.Request]
+    rows: int                  # the compile bucket: rows past len(requests) are padding
+    k: int
+    drafts: np.ndarray         # i32[rows, k] host drafts (zeros for automaton drafts)
+    draft_lens: np.ndarray     # i32[rows] real host draft lengths
+    slots: np.ndarray          # i32[rows] automaton slots (dummy slot for padding)
+    start: float               # when planning began (step time counts from here)
+    draft_seconds: float       # host drafting time
 
 
 def _pow2_at_least(n: int) -> int:
@@ -73,156 +102,208 @@ class Executor:
       scheduler_config: capacity (batch size, token budget, sequence length, KV pages).
       spec: None (plain decoding), an `NGramConfig`, an `SAConfig`, an `AutoConfig` (resolved with
         `suggest_spec_config(max_batch_size)`), or any `Drafter` instance (drafts on the host).
+      enhancer: an `SAEnhancerConfig`: device automata whose drafts replace the host drafter's
+        where their match is long enough (needs a host drafter as `spec`).
       sa_implementation: automaton kernels: "pallas", "xla" or None (Pallas on GPU).
+
+    Raises:
+      ValueError: a capacity the model or the device cannot hold (`jaxspec.host.capacity`).
+      TypeError: an unknown spec.
     """
 
     def __init__(self, model, *, scheduler_config: scheduler_lib.SchedulerConfig,
-                 spec: SpecLike = None, sa_implementation: str | None = None):
+                 spec: policy_lib.SpecLike = None,
+                 enhancer: config_lib.SAEnhancerConfig | None = None,
+                 sa_implementation: str | None = None):
         self.config = scheduler_config
-        self.graphdef, self.params = nnx.split(model)
-        self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
-        self.vocab_size = model.vocab_size
-        if isinstance(spec, config_lib.AutoConfig):
-            spec = spec.resolve(scheduler_config.max_batch_size)
-        self.spec = spec
-        self.drafting, self.policy, self.drafter = self._make_drafter(spec)
-        max_k = self.policy.max_draft_len if self.policy else 0
-        self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
-        schedule = self.policy.draft_len_schedule if self.policy else None
-        self.batch_buckets = schedule_lib.batch_buckets(
-            scheduler_config.max_batch_size, schedule, scheduler_config.batch_buckets)
-        self.gate = (gate_lib.SpeculationGate(self.policy.acceptance_rate_window_size,
-                                              self.policy.acceptance_rate_threshold)
-                     if self.policy is not None and self.policy.gate_enabled else None)
+        self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
+                                         enhancer=enhancer)
+        max_k = self.policy.max_draft_len
         cs = model.cache_spec
-        self.kv = kv_cache.init_pages(
+        self.slots = None
+        if self.policy.uses_automaton:
+            self.slots = sa_slots.SASlots(
+                max_slots=scheduler_config.max_batch_size,
+                max_seq_len=scheduler_config.max_seq_len + 1 + max_k,
+                max_num_requests=scheduler_config.max_batch_size,
+                enable_global_pool=self.policy.global_pool,
+                global_pool_size=self.policy.global_pool_size)
+        capacity.check(cs, scheduler_config, max_draft_len=max_k, automata=self.slots)
+        self.graphdef, self.params = nnx.split(model)
+        self.vocab_size = model.vocab_size
+        self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
+        self.batch_buckets = schedule_lib.batch_buckets(
+            scheduler_config.max_batch_size, self.policy.draft_len_schedule,
+            scheduler_config.batch_buckets)
+        self.gate = self.policy.new_gate()
+        kv = kv_cache.init_pages(
             num_layers=cs.num_layers, num_pages=self.scheduler.allocator.num_pages,
             page_size=scheduler_config.page_size, num_kv_heads=cs.num_kv_heads,
             head_dim=cs.head_dim)
-        self.sa = None
-        self.draft_buffer = None
+        automata = self.slots.new_state() if self.slots else None
+        self.state = step_lib.init_state(kv, automata, draft_len=max_k)
         self.sa_implementation = sa_implementation
-        if self.drafting in ("sa", "sa_global"):
-            self._init_automaton(spec, max_k)
-        self.requests: dict[int, requests_lib.Request] = {}
-        self._ids = itertools.count()
+        self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
+        self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
+        self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
-
-    # ------------------------------------------------------------------ set-up
-
-    def _make_drafter(self, spec):
-        if spec is None:
-            return "none", None, None
-        if isinstance(spec, drafter_lib.Drafter):
-            return "host", spec, spec
-        if isinstance(spec, config_lib.NGramConfig):
-            from jaxspec.host import ngram
-            drafter = ngram.NGramDrafter(spec)
-            return "host", drafter, drafter
-        if isinstance(spec, config_lib.SAConfig):
-            policy = _DeviceDrafterPolicy(
-                spec.max_draft_len, draft_len_schedule=spec.draft_len_schedule,
-                acceptance_rate_window_size=spec.acceptance_rate_window_size,
-                acceptance_rate_threshold=spec.acceptance_rate_threshold)
-            return ("sa_global" if spec.enable_global_pool else "sa"), policy, None
-        raise TypeError(f"spec must be None, NGramConfig, SAConfig, AutoConfig or a Drafter, "
-                        f"got {type(spec).__name__}")
-
-    def _init_automaton(self, spec: config_lib.SAConfig, max_k: int):
-        from jaxspec.host import sa_manager
-        cfg = self.config
-        self.sa = sa_manager.SAManager(
-            max_slots=cfg.max_batch_size, max_seq_len=cfg.max_seq_len + 1 + max_k,
-            max_num_requests=cfg.max_batch_size, enable_global_pool=spec.enable_global_pool,
-            global_pool_size=spec.global_pool_size)
-        self.draft_buffer = step_lib.init_draft_buffer(self.sa.num_slots + 1, max_k)
 
     def _step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
         """One config object per (K, greedy), reused: jit finds its compiled step by identity."""
         key = (k, greedy_only)
         if key not in self._configs:
-            sa = self.drafting in ("sa", "sa_global")
+            p = self.policy
             self._configs[key] = step_lib.StepConfig(
-                graphdef=self.graphdef, k=k, greedy_only=greedy_only, drafting=self.drafting,
-                sa_draft_len=self.policy.max_draft_len if sa else 0,
-                max_ngram_size=self.spec.max_matching_ngram_size if sa else -1,
-                min_match_len=self.spec.min_match_len if sa else 1,
-                sa_implementation=self.sa_implementation)
+                graphdef=self.graphdef, k=k, greedy_only=greedy_only, draft_source=p.source,
+                automaton=p.uses_automaton, global_pool=p.global_pool,
+                sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
+                max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
+                enhancer_threshold=p.enhancer_threshold, sa_implementation=self.sa_implementation)
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests
 
     def add_request(self, prompt: Sequence[int], params: requests_lib.SamplingParams,
                     stop_ids: frozenset[int]) -> int:
-        """Queues a request; returns its id. Raises ValueError for an unusable prompt."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("prompt is empty")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size}): {bad[:8]}")
+        """Queues a request; returns its id.
+
+        Raises:
+          ValueError: an unusable prompt (`requests.check_prompt`), or one whose KV pages
+            exceed the whole cache.
+        """
+        prompt = requests_lib.check_prompt(prompt, vocab_size=self.vocab_size,
+                                           max_new_tokens=params.max_new_tokens,
+                                           max_seq_len=self.config.max_seq_len)
         rid = next(self._ids)
         request = requests_lib.Request(request_id=rid, prompt=prompt, params=params,
                                        stop_ids=stop_ids)
         self.scheduler.add(request)
-        self.requests[rid] = request
+        self._live[rid] = request
         self.stats.prompt_tokens += len(prompt)
         return rid
 
-    def cancel(self, request_id: int):
-        request = self.requests.get(request_id)
+    def cancel(self, request_id: int) -> requests_lib.Request:
+        """Finishes a queued or running request now; returns it.
+
+        Raises:
+          ValueError: an id that is unknown or already finished.
+        """
+        request = self._live.get(request_id)
         if request is None:
-            raise ValueError(f"unknown request id {request_id}")
-        if not request.finished:
-            self._finish(request, "cancelled")
+            raise ValueError(f"no live request with id {request_id}")
+        return self._finish(request, "cancelled")
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
-    def _finish(self, request: requests_lib.Request, reason: str):
+    def reset_stats(self) -> None:
+        """Starts a new run's metrics."""
+        self.stats = stats_lib.RunStats()
+
+    def run(self) -> dict[int, requests_lib.Request]:
+        """Steps until every queued request finished; returns them by id."""
+        done = {}
+        while self.has_work():
+            for event in self.step():
+                if event.finished:
+                    done[event.request_id] = event.result
+        return done
+
+    def _finish(self, request: requests_lib.Request, reason: str) -> requests_lib.Request:
         self.scheduler.finish(request, reason)
-        if self.drafter is not None:
-            self.drafter.release(request.request_id)
-        if self.sa is not None:
-            self.sa.remove_request(request.request_id)
+        if self.policy.drafter is not None:
+            self.policy.drafter.release(request.request_id)
+        if self.slots is not None:
+            self.slots.remove_request(request.request_id)
         if request in self._unprimed:
             self._unprimed.remove(request)
+        return self._live.pop(request.request_id)
 
     # ------------------------------------------------------------------ the iteration
-
-    def _draft_len(self, batch_size: int) -> int:
-        return self.policy.draft_len_for_batch_size(batch_size) if self.policy else 0
 
     def step(self) -> list[TokenEvent]:
         """One iteration. Returns the tokens every request committed in it."""
         start = time.perf_counter()
-        cfg = self.config
-        # 1. Draft length from the active requests: sizes the placeholders.
-        n_active = max(self.scheduler.num_active, 1)
-        k = self._draft_len(n_active)
-        # 2. Batch gate: schedule -> permanent acceptance gate -> capacity.
-        use_spec = (k > 0 and not (self.gate is not None and self.gate.disabled)
-                    and self.policy.should_use_spec_decode(n_active, cfg.max_batch_size,
-                                                           cfg.max_num_tokens, k))
-        k = k if use_spec else 0
-        # 3-4. Placeholders of 1 + K per decoding request, then chunked prefill; pages allocated.
+        traces = sum(step_lib.trace_count(name) for name in ENTRY_POINTS)
+        generated = self.stats.generated_tokens
+        # 1. Draft length for the placeholders, from the active requests.
+        k = self._draft_len(self.scheduler.num_active)
+        # 2. Batch gate: schedule -> acceptance gate -> capacity.
+        k = self._batch_gate(k)
+        # 3-4. Placeholders of 1 + K tokens per decoding request, then prompt chunks.
         batch = self.scheduler.schedule(tokens_per_decode=1 + k)
-        events = []
-        if batch.prefill:
-            events += self._prefill(batch.prefill)
-        if batch.decode:
-            # 1'. The scheduled batch's bucket decides K (one K per compiled bucket), within the
-            # token budget left after prefill.
-            bucket = schedule_lib.bucket_for(len(batch.decode), self.batch_buckets)
-            if use_spec:
-                fits = (cfg.max_num_tokens - batch.num_tokens) // len(batch.decode) - 1
-                k = max(0, min(self._draft_len(bucket), fits))
-            for r in batch.decode:
-                r.pages.ensure(r.num_cached + 1 + k)
-            events += self._decode(batch.decode, bucket, k)
-        self.stats.wall_time += time.perf_counter() - start
+        # 5. The decode batch's rows and K, its drafts and its KV pages.
+        plan = self._plan(batch, speculate=k > 0) if batch.decode else None
+        # 6. Forward: prompt chunks (their first tokens committed at once), then the decode batch.
+        events = self._prefill(batch.prefill) if batch.prefill else []
+        if plan is not None:
+            out = self._run(plan)
+            # 7. Commit.
+            decoded, pairs = self._commit(plan, out)
+            events += decoded
+            # 8. The acceptance gate.
+            self._feed_gate(pairs)
+        compiled = sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces
+        self.stats.record_iteration(time.perf_counter() - start,
+                                    self.stats.generated_tokens - generated, compiled)
         return events
+
+    def _draft_len(self, num_requests: int) -> int:
+        return self.policy.draft_len_for_batch_size(max(num_requests, 1))
+
+    def _batch_gate(self, k: int) -> int:
+        if k == 0 or (self.gate is not None and self.gate.disabled):
+            return 0
+        cfg = self.config
+        allowed = self.policy.should_use_spec_decode(
+            max(self.scheduler.num_active, 1), cfg.max_batch_size, cfg.max_num_tokens, k)
+        return k if allowed else 0
+
+    def _plan(self, batch: scheduler_lib.ScheduledBatch, speculate: bool) -> _Plan:
+        start = time.perf_counter()
+        reqs = batch.decode
+        rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
+        k = 0
+        if speculate:
+            # One K per compiled bucket, within the budget the prompt chunks left.
+            fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
+            k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits))
+        drafts = np.zeros((rows, k), np.int32)
+        draft_lens = np.zeros((rows,), np.int32)
+        if k and self.policy.drafter is not None:
+            self.policy.drafter.update_draft_len(k)
+            tokens, lens = drafter_lib.pad_drafts(
+                self.policy.drafter.prepare_draft_tokens(reqs), k)
+            drafts[:len(reqs)], draft_lens[:len(reqs)] = tokens, lens
+        slots = np.full((rows,), 0, np.int32)
+        if self.slots is not None:
+            self._flush_automata()
+            slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
+        draft_seconds = time.perf_counter() - start
+        # Verifying only padding costs a wider forward for nothing. An automaton's next draft is
+        # known from the last step's (or the priming's) outputs.
+        automaton_draft = self.slots is not None and any(r.next_draft_len for r in reqs)
+        if not (draft_lens.any() or automaton_draft):
+            k, drafts = 0, drafts[:, :0]
+        for r in reqs:
+            r.pages.ensure(r.num_cached + 1 + k)
+        return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts, draft_lens=draft_lens,
+                     slots=slots, start=start, draft_seconds=draft_seconds)
+
+    def _flush_automata(self):
+        """Copies automata built since the last step to the device, and drafts for the new ones."""
+        if self.slots.has_pending:
+            sa, mask = self.slots.flush(self.state.sa, self.state.active_mask)
+            self.state = self.state.replace(sa=sa, active_mask=mask)
+        if self._unprimed:
+            reqs, self._unprimed = self._unprimed, []
+            rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
+            slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
+            self.state, lens = step_lib.prime_drafts(self.state, slots,
+                                                     cfg=self._step_config(0, True))
+            for r, n in zip(reqs, np.asarray(lens), strict=False):
+                r.next_draft_len = int(n)
 
     def _sampling_arrays(self, reqs, rows: int) -> sampling.SamplingArrays:
         pad = rows - len(reqs)
@@ -237,7 +318,7 @@ class Executor:
         """Page-table width bucket covering `num_tokens` slots: a power of two, capped."""
         if num_tokens <= 0:
             return 0
-        max_cols = self.config.pages_per_seq(self.policy.max_draft_len if self.policy else 0)
+        max_cols = self.config.pages_per_seq(self.policy.max_draft_len)
         return min(_pow2_at_least(self.scheduler.allocator.pages_for(num_tokens)), max_cols)
 
     def _view(self, reqs, rows: int, lengths, num_new, span: int) -> kv_cache.CacheView:
@@ -255,6 +336,8 @@ class Executor:
                                   read_cols=cols if max(lengths) else 0)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
+        """Forward of the prompt chunks; a chunk that completes its prompt commits the first
+        generated token and hands the prompt to the automata."""
         start = time.perf_counter()
         rows = schedule_lib.bucket_for(len(chunks), self.batch_buckets)
         width = schedule_lib.bucket_for(max(c.length for c in chunks), self.config.chunk_buckets)
@@ -264,8 +347,8 @@ class Executor:
         reqs = [c.request for c in chunks]
         view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks],
                           span=max(c.start + c.length for c in chunks))
-        self.kv, first = step_lib.prefill(
-            self.params, self.kv, np.asarray(tokens), view, self._sampling_arrays(reqs, rows),
+        self.state, first = step_lib.prefill(
+            self.params, self.state, tokens, view, self._sampling_arrays(reqs, rows),
             cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
         first = np.asarray(first)
         events = []
@@ -277,88 +360,59 @@ class Executor:
             r.state = requests_lib.State.DECODE
             taken = r.append([first[i]])
             self.stats.generated_tokens += len(taken)
+            result = None
             if r.finish_reason:
-                self._finish(r, r.finish_reason)
-            elif self.sa is not None:
-                self.sa.add_request(r.request_id, r.tokens)
+                result = self._finish(r, r.finish_reason)
+            elif self.slots is not None:
+                self.slots.add_request(r.request_id, r.tokens)
                 self._unprimed.append(r)
-            events.append(TokenEvent(r.request_id, tuple(taken), r.finished, r.finish_reason))
+            events.append(TokenEvent(r.request_id, tuple(taken), result))
         self.stats.prefill_time += time.perf_counter() - start
         return events
 
-    def _prime_new_automata(self):
-        """First drafts of requests whose automaton was built from their prompt since last step."""
-        reqs, self._unprimed = self._unprimed, []
-        rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
-        slots = self.sa.prepare([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
-        self.sa.state, self.draft_buffer = step_lib.prime_drafts(
-            self.sa.state, self.draft_buffer, self.sa.active_mask, np.asarray(slots),
-            cfg=self._step_config(0, True))
-
-    def _decode(self, reqs: list[requests_lib.Request], rows: int, k: int) -> list[TokenEvent]:
-        start = time.perf_counter()
-        pad = rows - len(reqs)
-        # 5. Host drafts now; automaton drafts are already waiting on the device. A step where
-        # no row has a draft runs as plain decoding (K = 0): verifying only padding costs a
-        # wider forward for nothing.
-        draft_start = time.perf_counter()
-        drafts, draft_lens = np.zeros((rows, k), np.int32), np.zeros((rows,), np.int32)
-        any_draft = True
-        if self.drafting == "host" and k > 0:
-            self.drafter.update_draft_len(k)
-            tokens, lens = drafter_lib.pad_drafts(self.drafter.prepare_draft_tokens(reqs), k)
-            drafts[:len(reqs)], draft_lens[:len(reqs)] = tokens, lens
-            any_draft = lens.any()
-        slots = np.zeros((rows,), np.int32)
-        if self.sa is not None:
-            if self._unprimed:
-                self._prime_new_automata()
-            slots = self.sa.prepare([r.request_id for r in reqs] + [None] * pad)
-            any_draft = any(r.next_draft_len != 0 for r in reqs)  # None: not known yet
-        if not any_draft:
-            k, drafts = 0, drafts[:, :0]
-        draft_seconds = time.perf_counter() - draft_start
-        # 6. Forward + verify (+ automaton extend and next drafts) in one jitted call.
+    def _run(self, plan: _Plan) -> step_lib.StepOutputs:
         # The table spans each row's whole lifetime, so a decoding batch never crosses into a
         # new (uncompiled) width: no compilation in steady-state decoding.
-        max_k = self.policy.max_draft_len if self.policy else 0
-        view = self._view(reqs, rows, [r.num_cached for r in reqs], [1 + k] * len(reqs),
-                          span=max(r.max_sequence_length for r in reqs) + 1 + max_k)
+        reqs, pad = plan.requests, plan.rows - len(plan.requests)
+        view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs),
+                          span=max(r.max_sequence_length for r in reqs)
+                          + 1 + self.policy.max_draft_len)
         inputs = step_lib.StepInputs(
             last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
-            drafts=np.asarray(drafts), draft_lens=np.asarray(draft_lens), view=view,
-            sampling=self._sampling_arrays(reqs, rows), slots=np.asarray(slots, np.int32))
-        self.kv, sa_state, self.draft_buffer, out = step_lib.step(
-            self.params, self.kv, self.sa.state if self.sa else None, self.draft_buffer,
-            self.sa.active_mask if self.sa else None, inputs,
-            cfg=self._step_config(k, all(r.params.greedy for r in reqs)))
-        out = jax.device_get(out)
-        if self.sa is not None:
-            self.sa.state = sa_state
-            self.sa.advance([r.request_id for r in reqs], out.num_new_tokens[:len(reqs)])
-        # 7. Commit: the cache now holds the input token and the accepted drafts. Metrics count
-        # the tokens kept: a stop token or the length limit can cut a verify window short.
+            drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
+            sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots)
+        self.state, out = step_lib.step(
+            self.params, self.state, inputs,
+            cfg=self._step_config(plan.k, all(r.params.greedy for r in reqs)))
+        return jax.device_get(out)
+
+    def _commit(self, plan: _Plan, out: step_lib.StepOutputs):
+        """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
+        reqs = plan.requests
+        if self.slots is not None:
+            self.slots.advance([r.request_id for r in reqs], out.num_new_tokens[:len(reqs)])
         events, pairs, kept = [], [], []
         for i, r in enumerate(reqs):
             n = int(out.num_new_tokens[i])
+            drafted = int(out.draft_lens[i])
             r.num_cached += n
             taken = r.append(out.new_tokens[i, :n])
-            accepted = min(len(taken), n - 1)
+            accepted = stats_lib.accepted_drafts(len(taken), n)
             r.steps += 1
-            r.drafted += int(out.draft_lens[i])
+            r.drafted += drafted
             r.accepted += accepted
             r.acceptance_lengths.append(len(taken))
             r.next_draft_len = int(out.next_draft_lens[i])
-            pairs.append((accepted, int(out.draft_lens[i])))
+            pairs.append((accepted, drafted))
             kept.append(len(taken))
             self.stats.generated_tokens += len(taken)
-            if r.finish_reason:
-                self._finish(r, r.finish_reason)
-            events.append(TokenEvent(r.request_id, tuple(taken), r.finished, r.finish_reason))
-        self.stats.record_step(k, out.draft_lens[:len(reqs)], kept,
-                               time.perf_counter() - start, draft_seconds)
-        # 8. The gate sees the pooled acceptance of the rows that really drafted.
+            result = self._finish(r, r.finish_reason) if r.finish_reason else None
+            events.append(TokenEvent(r.request_id, tuple(taken), result))
+        self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
+                               time.perf_counter() - plan.start, plan.draft_seconds)
+        return events, pairs
+
+    def _feed_gate(self, pairs: list[tuple[int, int]]):
         rate = gate_lib.pooled_acceptance_rate(pairs)
         if self.gate is not None and rate is not None:
             self.gate.record_acceptance_rate(rate)
-        return events

@@ -5,8 +5,8 @@ is decided here. Page 0 (`kv_cache.NULL_PAGE`) is never handed out.
 
 Admission reserves pages for a sequence's whole worst case (prompt + max_new_tokens + 1 + K), so a
 running sequence never waits for a page and nothing is ever preempted; pages are *allocated*
-lazily as the sequence grows, and pages past a rolled-back length can be returned early with
-`truncate`.
+lazily as the sequence grows and all return to the free list when it finishes. A rollback frees
+nothing: the rejected drafts' slots are overwritten by the next step.
 """
 
 import math
@@ -88,14 +88,6 @@ class SequencePages:
                              f"pages reserved for it")
         while len(self.pages) < need:
             self.pages.append(self._alloc.take_reserved())
-
-    def truncate(self, num_tokens: int):
-        """Returns pages wholly past `num_tokens` slots (rollback); they stay reserved."""
-        keep = self._alloc.pages_for(num_tokens)
-        extra = self.pages[keep:]
-        del self.pages[keep:]
-        self._alloc.give_back(extra)
-        self._alloc.reserve(len(extra))
 
     def release(self):
         """Returns every page and the remaining reservation."""

@@ -44,6 +44,26 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def check_prompt(prompt, *, vocab_size: int, max_new_tokens: int, max_seq_len: int) -> list[int]:
+    """The prompt as a list of ints, or ValueError naming what makes it unusable.
+
+    Raises:
+      ValueError: an empty prompt, ids outside `[0, vocab_size)`, or prompt + max_new_tokens
+        beyond max_seq_len.
+    """
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ValueError("prompt is empty")
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+    total = len(prompt) + max_new_tokens
+    if total > max_seq_len:
+        raise ValueError(f"prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} = "
+                         f"{total} exceeds max_seq_len={max_seq_len}")
+    return prompt
+
+
 class State(enum.Enum):
     WAITING = "waiting"        # not admitted: no KV pages yet
     PREFILL = "prefill"        # admitted, prompt partly cached
@@ -73,8 +93,8 @@ class Request:
     drafted: int = 0
     accepted: int = 0
     acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
-    # Admitted length of the automaton's next drafts, reported by the last step (None: unknown).
-    next_draft_len: int | None = None
+    # Admitted length of the automaton's next drafts, reported by the last step or the priming.
+    next_draft_len: int = 0
 
     @property
     def tokens(self) -> list[int]:

@@ -1,8 +1,8 @@
 """Token budget, KV pages, placeholder drafts and chunked prefill.
 
 Each iteration the scheduler fills one budget of `max_num_tokens` tokens:
-  1. every decoding request reserves `1 + K` tokens (its placeholder drafts) and `1 + K` KV slots
-     before anything else is scheduled, so verification can never be starved;
+  1. every decoding request reserves `1 + K` tokens (its placeholder drafts) before anything else
+     is scheduled, so verification can never be starved;
   2. the rest of the budget goes to prompt chunks, oldest request first (chunked prefill);
   3. waiting requests are admitted while there is a free batch row and KV pages for their whole
      worst case (prompt + max_new_tokens + 1 + max K): admitted requests never wait for pages.
@@ -112,12 +112,12 @@ class Scheduler:
         return request.max_sequence_length + 1 + self.max_draft_len
 
     def add(self, request: requests_lib.Request):
-        need = self.worst_case_tokens(request)
-        if request.max_sequence_length > self.config.max_seq_len:
-            raise ValueError(f"prompt ({len(request.prompt)} tokens) + max_new_tokens "
-                             f"({request.params.max_new_tokens}) = {request.max_sequence_length} "
-                             f"exceeds max_seq_len={self.config.max_seq_len}")
-        total = self.allocator.pages_for(need)
+        """Queues a request (its prompt already checked, `requests.check_prompt`).
+
+        Raises:
+          ValueError: its worst case needs more KV pages than the whole cache has.
+        """
+        total = self.allocator.pages_for(self.worst_case_tokens(request))
         if total > self.allocator.num_pages - 1:
             raise ValueError(f"request needs {total} KV pages, the cache has "
                              f"{self.allocator.num_pages - 1}")
@@ -144,7 +144,9 @@ class Scheduler:
             self.running.append(request)
 
     def schedule(self, tokens_per_decode: int) -> ScheduledBatch:
-        """Fills one iteration's token budget; allocates the KV pages it needs.
+        """Fills one iteration's token budget; allocates the prompt chunks' KV pages (the decode
+        rows' pages are allocated once their K is final, `Executor._plan`; admission reserved
+        them).
 
         Args:
           tokens_per_decode: 1 + K, the placeholder size of every decoding request.
@@ -154,7 +156,6 @@ class Scheduler:
         decode = []
         for r in self.running:
             if r.state is requests_lib.State.DECODE and budget >= tokens_per_decode:
-                r.pages.ensure(r.num_cached + tokens_per_decode)
                 decode.append(r)
                 budget -= tokens_per_decode
         prefill = []

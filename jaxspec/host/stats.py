@@ -4,8 +4,9 @@ Conventions (the same as vLLM's spec-decode metrics):
   drafted              real draft tokens verified (padding to the bucket's K never counts).
   accepted             drafts that matched the target.
   acceptance rate      pooled: sum(accepted) / sum(drafted) over the steps that drafted anything.
-  acceptance length    tokens committed by one request in one verify step = accepted + 1: the
-                       bonus token is included, so plain decoding has acceptance length 1.
+  acceptance length    tokens one request kept from one verify step: accepted + 1 (the bonus
+                       token included, so plain decoding has acceptance length 1), unless a stop
+                       token or the length limit cut the window short (`accepted_drafts`).
   per-position rate    of the steps that drafted at least j+1 tokens, the share that accepted the
                        draft at position j.
 """
@@ -14,6 +15,18 @@ import collections
 import dataclasses
 
 import numpy as np
+
+
+def accepted_drafts(kept: int, num_new: int) -> int:
+    """Drafts among the tokens a request kept from one verify step: the one count of accepted
+    drafts (per request, per run and for the gate).
+
+    The step committed `num_new` = accepted drafts + 1 tokens, the last one the bonus token; a
+    stop token or the length limit may keep only the first `kept` of them. Every kept token is
+    a verified draft except the bonus, which is kept only when nothing was cut. Example: drafts
+    `[5, 7]` both accepted (num_new = 3) with stop token 7 keep `[5, 7]`: 2 accepted drafts.
+    """
+    return min(kept, num_new - 1)
 
 
 @dataclasses.dataclass
@@ -31,6 +44,9 @@ class RunStats:
     draft_time: float = 0.0          # host drafting (NGram, user drafters); SA drafts on device
     wall_time: float = 0.0
     spec_steps: int = 0              # verify steps with K > 0
+    committed: int = 0               # tokens kept from verify steps (accepted + bonus, as cut)
+    first_call_time: float = 0.0     # iterations that traced (compiled) a jitted function
+    first_call_tokens: int = 0
     acceptance_lengths: collections.Counter = dataclasses.field(
         default_factory=collections.Counter)
     position_drafted: collections.Counter = dataclasses.field(
@@ -39,23 +55,34 @@ class RunStats:
         default_factory=collections.Counter)
     k_history: list[int] = dataclasses.field(default_factory=list)
 
-    def record_step(self, k: int, draft_lens, num_new, seconds: float, draft_seconds: float):
-        """One verify step: per-row real draft lengths and committed (kept) token counts."""
+    def record_step(self, k: int, draft_lens, accepted, kept, seconds: float,
+                    draft_seconds: float):
+        """One verify step: per row, the real draft length, the accepted drafts
+        (`accepted_drafts`) and the tokens kept."""
         self.decode_steps += 1
         self.spec_steps += int(k > 0)
         self.step_time += seconds
         self.draft_time += draft_seconds
         self.k_history.append(k)
-        for d, n in zip(draft_lens, num_new):
-            d, a = int(d), int(n) - 1
+        for d, a, n in zip(draft_lens, accepted, kept, strict=True):
+            d, a, n = int(d), int(a), int(n)
             self.request_steps += 1
             self.drafted += d
             self.accepted += a
-            self.acceptance_lengths[a + 1] += 1
+            self.committed += n
+            self.acceptance_lengths[n] += 1
             for j in range(d):
                 self.position_drafted[j] += 1
             for j in range(a):
                 self.position_accepted[j] += 1
+
+    def record_iteration(self, seconds: float, tokens: int, compiled: bool):
+        """One executor iteration: its wall time and generated tokens, set apart when it traced
+        (compiled) a jitted function, so the steady rate excludes compilation."""
+        self.wall_time += seconds
+        if compiled:
+            self.first_call_time += seconds
+            self.first_call_tokens += tokens
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -63,14 +90,21 @@ class RunStats:
 
     @property
     def mean_acceptance_length(self) -> float | None:
-        """Committed tokens per request per verify step (bonus token included)."""
+        """Tokens kept per request per verify step (bonus token included)."""
         if not self.request_steps:
             return None
-        return (self.accepted + self.request_steps) / self.request_steps
+        return self.committed / self.request_steps
 
     @property
     def tokens_per_second(self) -> float | None:
         return self.generated_tokens / self.wall_time if self.wall_time > 0 else None
+
+    @property
+    def steady_tokens_per_second(self) -> float | None:
+        """Tokens per second over the iterations that compiled nothing."""
+        seconds = self.wall_time - self.first_call_time
+        tokens = self.generated_tokens - self.first_call_tokens
+        return tokens / seconds if seconds > 0 and tokens > 0 else None
 
     def per_position_acceptance(self) -> list[float]:
         return [self.position_accepted[j] / self.position_drafted[j]
@@ -84,6 +118,8 @@ class RunStats:
             "generated_tokens": self.generated_tokens,
             "wall_time_s": rnd(self.wall_time),
             "tokens_per_s": rnd(self.tokens_per_second, 2),
+            "steady_tokens_per_s": rnd(self.steady_tokens_per_second, 2),
+            "first_call_time_s": rnd(self.first_call_time),
             "decode_steps": self.decode_steps,
             "spec_steps": self.spec_steps,
             "mean_step_time_ms": rnd(1e3 * self.step_time / self.decode_steps

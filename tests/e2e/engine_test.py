@@ -1,7 +1,6 @@
 """The engine on the tiny model: plain greedy equals the uncached argmax loop, bad input changes
 nothing, stop tokens, cancellation, and bounded compilation."""
 
-import numpy as np
 import pytest
 
 from jaxspec import engine as engine_lib
@@ -9,29 +8,28 @@ from jaxspec.device import step as step_lib
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.models import tiny
+from tests.helpers import random_prompts as prompts
 
-MODEL = tiny.tiny_model(seed=0)
 CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=96, page_size=8,
                                        max_num_tokens=128, prefill_chunk=32)
 
 
-def prompts(seed, lengths, vocab=128):
-    rng = np.random.default_rng(seed)
-    return [[int(t) for t in rng.integers(0, vocab, n)] for n in lengths]
+def traces() -> tuple[int, int]:
+    return step_lib.trace_count("prefill"), step_lib.trace_count("step")
 
 
-def test_greedy_equals_uncached_argmax_loop(uncached_greedy):
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_greedy_equals_uncached_argmax_loop(tiny_lm, uncached_greedy):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     batch = prompts(0, [5, 40, 17])            # 40 spans two prefill chunks
     result = engine.generate_batch(batch, max_new_tokens=24)
-    for p, g in zip(batch, result.generations):
-        assert g.token_ids == uncached_greedy(MODEL, p, 24)
+    for p, g in zip(batch, result.generations, strict=True):
+        assert g.token_ids == uncached_greedy(tiny_lm, p, 24)
         assert g.finish_reason == "length"
     assert result.stats["generated_tokens"] == 72
 
 
-def test_generation_is_deterministic():
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_generation_is_deterministic(tiny_lm):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     (p,) = prompts(1, [12])
     a = engine.generate(p, max_new_tokens=16).token_ids
     b = engine.generate(p, max_new_tokens=16).token_ids
@@ -44,13 +42,14 @@ def test_generation_is_deterministic():
     ([-1], "outside the vocabulary"),
     (list(range(90)), "exceeds max_seq_len"),
 ])
-def test_bad_prompts_raise_and_change_nothing(bad, match):
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_bad_prompts_raise_and_change_nothing(tiny_lm, bad, match):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     good = prompts(2, [6])[0]
     with pytest.raises(ValueError, match=match):
         engine.generate_batch([good, bad], max_new_tokens=8)
     assert not engine.executor.has_work()
-    assert engine.executor.scheduler.allocator.num_free == engine.executor.scheduler.allocator.num_pages - 1
+    allocator = engine.executor.scheduler.allocator
+    assert allocator.num_free == allocator.num_pages - 1
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -59,17 +58,17 @@ def test_bad_prompts_raise_and_change_nothing(bad, match):
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
 ])
-def test_bad_sampling_params(kwargs, match):
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_bad_sampling_params(tiny_lm, kwargs, match):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     with pytest.raises(ValueError, match=match):
         engine.generate([1, 2, 3], **kwargs)
     assert not engine.executor.has_work()
 
 
-def test_stop_token_ends_generation(uncached_greedy):
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_stop_token_ends_generation(tiny_lm, uncached_greedy):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     p = prompts(3, [9])[0]
-    free = uncached_greedy(MODEL, p, 12)
+    free = uncached_greedy(tiny_lm, p, 12)
     stop = free[5]
     first = free.index(stop)
     g = engine.generate(p, max_new_tokens=12, stop_token_ids=(stop,))
@@ -77,67 +76,77 @@ def test_stop_token_ends_generation(uncached_greedy):
     assert g.finish_reason == "stop"
 
 
-def test_cancel_frees_pages():
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_cancel_frees_pages(tiny_lm):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     ex = engine.executor
     params = requests_lib.SamplingParams(max_new_tokens=40)
     a = ex.add_request(prompts(4, [10])[0], params, frozenset())
     b = ex.add_request(prompts(5, [10])[0], params, frozenset())
     for _ in range(3):
         ex.step()
-    ex.cancel(a)
-    assert ex.requests[a].finish_reason == "cancelled"
-    while ex.has_work():
-        ex.step()
-    assert len(ex.requests[b].output) == 40
+    assert ex.cancel(a).finish_reason == "cancelled"
+    done = ex.run()
+    assert list(done) == [b] and len(done[b].output) == 40
     assert ex.scheduler.allocator.num_free == ex.scheduler.allocator.num_pages - 1
-    with pytest.raises(ValueError, match="unknown request id"):
-        ex.cancel(12345)
+    for finished in (a, b, 12345):
+        with pytest.raises(ValueError, match="no live request"):
+            ex.cancel(finished)
 
 
-def test_stream_yields_token_ids_without_tokenizer(uncached_greedy):
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+def test_stream_yields_token_ids_without_tokenizer(tiny_lm, uncached_greedy):
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
     p = prompts(6, [7])[0]
-    assert list(engine.stream(p, max_new_tokens=10)) == uncached_greedy(MODEL, p, 10)
+    assert list(engine.stream(p, max_new_tokens=10)) == uncached_greedy(tiny_lm, p, 10)
     assert engine.last_stats["generated_tokens"] == 10
 
 
-def test_compiles_once_per_bucket():
+def test_compiles_once_per_bucket(tiny_lm):
     """A mix of prompt lengths and batch sizes compiles each bucket once; a rerun (even in a new
     engine over the same model) compiles nothing."""
     mixes = [prompts(7, [3]), prompts(8, [20, 5, 9]), prompts(9, [31, 2]), prompts(10, [6])]
 
     def run():
-        engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
+        engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=CONFIG)
         for batch in mixes:
             engine.generate_batch(batch, max_new_tokens=12)
 
-    def compiled():
-        return step_lib.prefill._cache_size(), step_lib.step._cache_size()
-
     step_lib.prefill.clear_cache()
     step_lib.step.clear_cache()
+    start = traces()
     run()
-    first = compiled()
+    first = tuple(t - t0 for t, t0 in zip(traces(), start, strict=True))
+    before = traces()
     run()
-    assert compiled() == first
+    assert traces() == before
     # Decode buckets: rows {1, 2, 4} x page-table widths {2, 4}; prefill: rows x chunk widths.
     assert first[1] <= 3 * 2
     assert first[0] <= 3 * 2
 
 
-def test_user_buckets_bound_the_compiled_shapes():
+def test_user_buckets_bound_the_compiled_shapes(tiny_lm):
     """With batch_buckets=(4,) and one prefill bucket, every call pads to those shapes."""
     config = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=96, page_size=8,
                                            max_num_tokens=128, prefill_chunk=32,
                                            batch_buckets=(4,), prefill_buckets=(32,))
-    engine = engine_lib.Engine(MODEL, spec="none", scheduler=config)
+    engine = engine_lib.Engine(tiny_lm, spec="none", scheduler=config)
     assert engine.executor.batch_buckets == (4,)
     step_lib.prefill.clear_cache()
     step_lib.step.clear_cache()
+    start = traces()
     for batch in (prompts(11, [3]), prompts(12, [20, 5, 9])):
         engine.generate_batch(batch, max_new_tokens=6)
     # Every call has 4 rows and 32-token chunks; only the page-table width still varies: prefill
     # spans 3 and 20 tokens (1 and 4 pages), decode spans prompt + 6 + 1 = 10 and 27 (2 and 4).
-    assert step_lib.prefill._cache_size() == 2
-    assert step_lib.step._cache_size() == 2
+    assert tuple(t - t0 for t, t0 in zip(traces(), start, strict=True)) == (2, 2)
+
+
+def test_capacity_beyond_the_model_fails_before_allocating():
+    short = tiny.tiny_model(seed=0, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="max_seq_len=96 exceeds the model's context length of 64"):
+        engine_lib.Engine(short, spec="sa", scheduler=CONFIG)
+
+
+def test_capacity_beyond_memory_fails_before_allocating(tiny_lm):
+    huge = scheduler_lib.SchedulerConfig(max_batch_size=64, max_seq_len=10**7)
+    with pytest.raises(ValueError, match="GB of device memory"):
+        engine_lib.Engine(tiny_lm, spec="sa", scheduler=huge)

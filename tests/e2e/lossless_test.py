@@ -5,10 +5,10 @@ Each example is a workload of 1-10 requests (at most 8 run at once: later ones w
 and reuse freed pages and automaton slots) with mixed prompt and output lengths, some joining the
 run after it started and some cancelled before the end (the executor is driven directly), prompts
 drawn from 2-4 token ids so the text repeats and drafts really get accepted, sometimes a stop
-token, and a random valid draft-length schedule. Every drafter
-path runs: the suffix automaton (longest match, fixed n-gram size, global pool), the n-gram pool,
-and a user `Drafter` subclass. The reference is the plain engine at batch size 1: greedy output
-depends only on the prompt.
+token, and a random valid draft-length schedule. Every drafter path runs: the suffix automaton
+(longest match, fixed n-gram size, global pool), the n-gram pool, a user `Drafter` subclass, and
+the same user drafter enhanced by device automata. The reference is the plain engine at batch
+size 1: greedy output depends only on the prompt.
 
 Shapes are shared by all examples (one SchedulerConfig, one max_draft_len, every schedule key a
 power-of-two batch bucket), so compilations are reused across examples and drafter paths.
@@ -18,8 +18,8 @@ import collections
 import dataclasses
 
 import hypothesis
-import pytest
 from hypothesis import strategies as st
+import pytest
 
 import jaxspec as js
 from jaxspec import engine as engine_lib
@@ -27,7 +27,8 @@ from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.models import tiny
 
-MODEL = tiny.tiny_model(seed=0)
+pytestmark = pytest.mark.slow
+VOCAB_SIZE = tiny.tiny_config().vocab_size
 MAX_DRAFT_LEN = 3
 MAX_PROMPT = 20
 MAX_NEW = 20
@@ -61,14 +62,19 @@ class RepeatLastDrafter(js.Drafter):
 
 
 SPECS = {
-    "sa_longest": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
-    "sa_fixed_ngram": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
-                                            draft_len_schedule=s),
-    "sa_global_pool": lambda s: js.SAConfig(max_draft_len=MAX_DRAFT_LEN, enable_global_pool=True,
-                                            draft_len_schedule=s),
-    "ngram": lambda s: js.NGramConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
-                                      draft_len_schedule=s),
-    "user_drafter": lambda s: RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
+    "sa_longest": lambda s: dict(spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN,
+                                                  draft_len_schedule=s)),
+    "sa_fixed_ngram": lambda s: dict(spec=js.SAConfig(
+        max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2, draft_len_schedule=s)),
+    "sa_global_pool": lambda s: dict(spec=js.SAConfig(
+        max_draft_len=MAX_DRAFT_LEN, enable_global_pool=True, draft_len_schedule=s)),
+    "ngram": lambda s: dict(spec=js.NGramConfig(
+        max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2, draft_len_schedule=s)),
+    "user_drafter": lambda s: dict(spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN,
+                                                          draft_len_schedule=s)),
+    "enhanced_user_drafter": lambda s: dict(
+        spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
+        enhancer=js.SAEnhancerConfig(threshold=2)),
 }
 
 
@@ -80,8 +86,8 @@ class Arrival:
     stop: int | None              # a stop token id
     cancel_after: int | None      # iterations after which the request is cancelled
 
-    def expected(self) -> list[int]:
-        out = REFERENCE[self.prompt][:self.max_new_tokens]
+    def expected(self, reference) -> list[int]:
+        out = reference[self.prompt][:self.max_new_tokens]
         return out[:out.index(self.stop) + 1] if self.stop in out else out
 
 
@@ -94,12 +100,12 @@ def schedules(draw):
     keys = sorted(draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3,
                                 unique=True)))
     values = [MAX_DRAFT_LEN] + [draw(st.integers(0, MAX_DRAFT_LEN)) for _ in keys[1:]]
-    return dict(zip(keys, values))
+    return dict(zip(keys, values, strict=True))
 
 
 @st.composite
 def workloads(draw):
-    alphabet = draw(st.lists(st.integers(0, MODEL.vocab_size - 1), min_size=2, max_size=4,
+    alphabet = draw(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=2, max_size=4,
                              unique=True))
     arrivals = []
     for i in range(draw(st.integers(1, CONFIG.max_batch_size + 2))):
@@ -113,26 +119,30 @@ def workloads(draw):
     return sorted(arrivals, key=lambda a: a.step)
 
 
-_reference_engine = engine_lib.Engine(MODEL, spec="none", scheduler=REFERENCE_CONFIG)
-
-
 class _References(dict):
     """Greedy continuations of MAX_NEW tokens by prompt; a shorter request takes a prefix."""
 
+    def __init__(self, engine):
+        super().__init__()
+        self.engine = engine
+
     def __missing__(self, prompt):
-        out = _reference_engine.generate(list(prompt), max_new_tokens=MAX_NEW).token_ids
+        out = self.engine.generate(list(prompt), max_new_tokens=MAX_NEW).token_ids
         self[prompt] = out
         return out
 
 
-REFERENCE = _References()
+@pytest.fixture(scope="module")
+def reference(tiny_lm):
+    """The plain engine at batch size 1: greedy output depends only on the prompt."""
+    return _References(engine_lib.Engine(tiny_lm, spec="none", scheduler=REFERENCE_CONFIG))
 
 
-def run_workload(executor, arrivals) -> dict[int, Arrival]:
+def run_workload(executor, arrivals):
     """Adds each request after its number of iterations, cancels those due, and runs until every
-    request finished."""
+    request finished; returns ({request id: arrival}, {request id: finished request})."""
     pending = collections.deque(arrivals)
-    added, cancels = {}, collections.defaultdict(list)
+    added, cancels, done = {}, collections.defaultdict(list), {}
     step = 0
     while pending or executor.has_work():
         while pending and pending[0].step <= step:
@@ -144,32 +154,34 @@ def run_workload(executor, arrivals) -> dict[int, Arrival]:
             if a.cancel_after is not None:
                 cancels[step + a.cancel_after].append(rid)
         for rid in cancels.pop(step, []):
-            executor.cancel(rid)
+            if rid not in done:
+                done[rid] = executor.cancel(rid)
         if executor.has_work():
-            executor.step()
+            done.update((e.request_id, e.result) for e in executor.step() if e.finished)
         step += 1
-    return added
+    return added, done
 
 
 @pytest.mark.parametrize("drafter", sorted(SPECS))
-def test_greedy_speculation_is_lossless(drafter):
+def test_greedy_speculation_is_lossless(drafter, tiny_lm, reference):
     totals = collections.Counter()
 
     @_SETTINGS
     @hypothesis.given(arrivals=workloads(), schedule=schedules())
     def check(arrivals, schedule):
-        spec = SPECS[drafter](schedule)
-        executor = engine_lib.Engine(MODEL, spec=spec, scheduler=CONFIG).executor
-        added = run_workload(executor, arrivals)
+        kwargs = SPECS[drafter](schedule)
+        executor = engine_lib.Engine(tiny_lm, scheduler=CONFIG, **kwargs).executor
+        added, done = run_workload(executor, arrivals)
+        assert done.keys() == added.keys()
         for rid, a in added.items():
-            r = executor.requests[rid]
+            r = done[rid]
             if r.finish_reason == "cancelled":
-                assert r.output == a.expected()[:len(r.output)], a
+                assert r.output == a.expected(reference)[:len(r.output)], a
             else:
-                assert r.output == a.expected(), a
+                assert r.output == a.expected(reference), a
         stats = executor.stats
-        if isinstance(spec, RepeatLastDrafter):
-            assert stats.drafted == spec.drafted
+        if isinstance(kwargs["spec"], RepeatLastDrafter) and "enhancer" not in kwargs:
+            assert stats.drafted == kwargs["spec"].drafted
         assert sum(stats.acceptance_lengths.values()) == stats.request_steps
         # Every page is free again (finished requests release theirs).
         allocator = executor.scheduler.allocator

@@ -6,7 +6,6 @@ editing and document QA prompts. One engine per configuration, shared, so each c
 reused across the tests.
 """
 
-import functools
 import json
 
 import pytest
@@ -17,6 +16,7 @@ from jaxspec import config
 from jaxspec import engine as engine_lib
 from jaxspec.host import scheduler as scheduler_lib
 
+pytestmark = pytest.mark.slow
 MAX_NEW = 32
 SEQ = 640
 # One engine per method, batch capacity 4: "batch 1" runs each prompt alone through it, so both
@@ -40,25 +40,32 @@ def real_prompts(smollm2):
     return picked
 
 
-@functools.lru_cache(maxsize=None)
-def _engine(spec_name: str):
-    from jaxspec.models import registry
-
-    model, tok = registry.load(None)
-    spec = {"none": None, "sa": config.SAConfig(max_draft_len=5),
-            "ngram": config.NGramConfig(max_draft_len=5, max_matching_ngram_size=3)}[spec_name]
-    return engine_lib.Engine(model, tok, spec=spec, scheduler=CONFIG)
+SPECS = {"none": None, "sa": config.SAConfig(max_draft_len=5),
+         "ngram": config.NGramConfig(max_draft_len=5, max_matching_ngram_size=3)}
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(real_prompts):
-    result = _engine("none").generate_batch(real_prompts, max_new_tokens=MAX_NEW)
+def engines(smollm2):
+    """One engine per method over the session's SmolLM2, created on first use."""
+    model, tok = smollm2
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = engine_lib.Engine(model, tok, spec=SPECS[name], scheduler=CONFIG)
+        return made[name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(real_prompts, engines):
+    result = engines("none").generate_batch(real_prompts, max_new_tokens=MAX_NEW)
     return [g.token_ids for g in result.generations]
 
 
-def test_greedy_equals_uncached_argmax_and_is_deterministic(smollm2, uncached_greedy):
+def test_greedy_equals_uncached_argmax_and_is_deterministic(smollm2, engines, uncached_greedy):
     model, tok = smollm2
-    engine = _engine("none")
+    engine = engines("none")
     prompt = engine.encode_prompt("Write a Python function that returns the square of a number.")
     first = engine.generate(prompt, max_new_tokens=32).token_ids
     assert engine.generate(prompt, max_new_tokens=32).token_ids == first
@@ -67,8 +74,9 @@ def test_greedy_equals_uncached_argmax_and_is_deterministic(smollm2, uncached_gr
 
 @pytest.mark.parametrize("spec_name", ["sa", "ngram"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_speculation_is_lossless_on_real_prompts(real_prompts, plain_outputs, spec_name, batch):
-    engine = _engine(spec_name)
+def test_speculation_is_lossless_on_real_prompts(real_prompts, plain_outputs, engines, spec_name,
+                                                 batch):
+    engine = engines(spec_name)
     if batch == 4:
         results = [engine.generate_batch(real_prompts, max_new_tokens=MAX_NEW)]
     else:

@@ -21,7 +21,6 @@ from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.models import tiny
 
-MODEL = tiny.tiny_model(seed=0)
 # Sampling verify steps are the slowest to compile, so the workload keeps to one shape: one wave of
 # 16 requests prefilled in one iteration, one page per sequence, and (see `_run`) every decode step
 # in the 16-row bucket.
@@ -43,7 +42,7 @@ def _sampling_workload():
             dict(temperature=0.0)]
     work = []
     for i in range(16):
-        alphabet = rng.choice(MODEL.vocab_size, 3, replace=False)
+        alphabet = rng.choice(tiny.tiny_config().vocab_size, 3, replace=False)
         prompt = [int(t) for t in rng.choice(alphabet, int(rng.integers(4, 17)))]
         params = requests_lib.SamplingParams(max_new_tokens=MAX_NEW, seed=1000 + i,
                                              **grid[i % len(grid)])
@@ -51,41 +50,43 @@ def _sampling_workload():
     return work
 
 
-def _run(spec, work, min_running=1):
+def _run(model, spec, work, min_running=1):
     """Outputs of `work`, stepping while at least `min_running` requests run (then cancelling).
 
     With speculation requests reach their length at different steps; stopping before fewer than 9
     run keeps every step in the 16-row bucket, and the outputs so far are prefixes to compare.
     """
-    executor = engine_lib.Engine(MODEL, spec=spec, scheduler=CONFIG).executor
+    executor = engine_lib.Engine(model, spec=spec, scheduler=CONFIG).executor
     ids = [executor.add_request(prompt, params, frozenset()) for prompt, params in work]
-    while sum(not executor.requests[i].finished for i in ids) >= min_running:
-        executor.step()
+    done = {}
+    while len(ids) - len(done) >= min_running:
+        done.update((e.request_id, e.result) for e in executor.step() if e.finished)
     for i in ids:
-        executor.cancel(i)
-    return [executor.requests[i].output for i in ids], executor.stats
+        if i not in done:
+            done[i] = executor.cancel(i)
+    return [done[i].output for i in ids], executor.stats
 
 
 @pytest.fixture(scope="module")
-def plain_outputs():
-    return _run(None, _sampling_workload())[0]
+def plain_outputs(tiny_lm):
+    return _run(tiny_lm, None, _sampling_workload())[0]
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_sampled_outputs_equal_plain_sampling(name, plain_outputs):
-    outputs, stats = _run(SPECS[name], _sampling_workload(),
+def test_sampled_outputs_equal_plain_sampling(name, plain_outputs, tiny_lm):
+    outputs, stats = _run(tiny_lm, SPECS[name], _sampling_workload(),
                           min_running=CONFIG.max_batch_size // 2 + 1)
-    for i, (got, want) in enumerate(zip(outputs, plain_outputs)):
+    for i, (got, want) in enumerate(zip(outputs, plain_outputs, strict=True)):
         assert got == want[:len(got)], f"request {i}"
     assert sum(map(len, outputs)) >= len(outputs) * MAX_NEW * 3 // 4
     assert stats.accepted > 0, stats.summary()
 
 
-def test_seeds_decide_the_samples(plain_outputs):
+def test_seeds_decide_the_samples(plain_outputs, tiny_lm):
     """The comparison above has teeth: other seeds give other sampled outputs."""
     work = [(p, dataclasses.replace(params, seed=params.seed + 1))
             for p, params in _sampling_workload()]
-    outputs = _run(None, work)[0]
+    outputs = _run(tiny_lm, None, work)[0]
     sampled = [i for i, (_, params) in enumerate(work) if not params.greedy]
     assert sum(outputs[i] != plain_outputs[i] for i in sampled) >= len(sampled) // 2
     greedy = [i for i in range(len(work)) if i not in sampled]
@@ -119,9 +120,8 @@ def test_first_two_tokens_follow_the_model_distribution(forward):
     ids = [executor.add_request(PROMPT, requests_lib.SamplingParams(
         max_new_tokens=2, temperature=TEMPERATURE, seed=seed), frozenset())
         for seed in range(NUM_SAMPLES)]
-    while executor.has_work():
-        executor.step()
-    requests = [executor.requests[i] for i in ids]
+    done = executor.run()
+    requests = [done[i] for i in ids]
     # Drafting really happened at the second position, for every sample, and both verify outcomes
     # are common (about 12% of the samples take the second token from an accepted draft).
     assert all(r.drafted > 0 for r in requests)

@@ -3,11 +3,13 @@
 import dataclasses
 import textwrap
 
+from absl.testing import absltest
+from absl.testing import parameterized
 import numpy as np
-from absl.testing import absltest, parameterized
 
 from jaxspec.host import drafter as drafter_lib
-from jaxspec.host.drafter import Drafter, pad_drafts
+from jaxspec.host.drafter import Drafter
+from jaxspec.host.drafter import pad_drafts
 
 
 @dataclasses.dataclass

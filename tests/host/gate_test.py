@@ -1,10 +1,12 @@
 """SpeculationGate and the pooled acceptance rate, on hand-computed sequences."""
 
+from absl.testing import absltest
+from absl.testing import parameterized
 import hypothesis
-from absl.testing import absltest, parameterized
 from hypothesis import strategies as st
 
-from jaxspec.host.gate import SpeculationGate, pooled_acceptance_rate
+from jaxspec.host.gate import SpeculationGate
+from jaxspec.host.gate import pooled_acceptance_rate
 
 
 class SpeculationGateTest(parameterized.TestCase):

@@ -1,11 +1,11 @@
 """Page allocator and per-sequence pages: hand-computed cases and a random operation sequence
 checked against a brute-force model of the accounting."""
 
+from absl.testing import parameterized
 import hypothesis
+from hypothesis import strategies as st
 import numpy as np
 import pytest
-from absl.testing import parameterized
-from hypothesis import strategies as st
 
 from jaxspec.device import kv_cache
 from jaxspec.host import kv_pages
@@ -94,19 +94,6 @@ class SequencePagesTest(parameterized.TestCase):
             seq.ensure(9)
         assert seq.pages == []
 
-    def test_truncate_returns_whole_pages_and_keeps_them_promised(self):
-        alloc = kv_pages.PageAllocator(10, 4)
-        seq = kv_pages.SequencePages(alloc, 16)
-        other = kv_pages.SequencePages(alloc, 20)
-        seq.ensure(16)
-        seq.truncate(5)                                  # slots 0..4 live on pages 1 and 2
-        assert seq.pages == [1, 2]
-        assert alloc.num_free == 0                       # 9 = 4 (seq) + 5 (other)
-        other.ensure(20)                                 # returned pages are handed out first
-        assert other.pages == [3, 4, 5, 6, 7]
-        seq.ensure(16)                                   # and seq can still grow back
-        assert seq.pages == [1, 2, 8, 9]
-
     def test_release_returns_pages_and_the_rest_of_the_reservation(self):
         alloc = kv_pages.PageAllocator(10, 4)
         seq = kv_pages.SequencePages(alloc, 30)
@@ -132,7 +119,7 @@ NUM_PAGES, PAGE_SIZE = 12, 4
 def operations(draw):
     ops = []
     for _ in range(draw(st.integers(1, 40))):
-        kind = draw(st.sampled_from(["new", "ensure", "truncate", "release"]))
+        kind = draw(st.sampled_from(["new", "ensure", "release"]))
         ops.append((kind, draw(st.integers(0, 5)), draw(st.integers(0, 30))))
     return ops
 
@@ -141,7 +128,7 @@ def operations(draw):
 @hypothesis.given(operations())
 def test_accounting_matches_a_brute_force_model(ops):
     """Live sequences own disjoint pages; free pages = total - every live reservation; a sequence
-    holds exactly the pages its largest `ensure` since its last `truncate` needs."""
+    holds exactly the pages its largest `ensure` needs."""
     alloc = kv_pages.PageAllocator(NUM_PAGES, PAGE_SIZE)
     live = []                                   # [sequence, budget pages, expected page count]
     for kind, index, n in ops:
@@ -163,9 +150,6 @@ def test_accounting_matches_a_brute_force_model(ops):
             elif kind == "ensure":
                 seq.ensure(n)
                 entry[2] = max(held, pages)
-            elif kind == "truncate":
-                seq.truncate(n)
-                entry[2] = min(held, pages)
             else:
                 seq.release()
                 live.remove(entry)

@@ -8,13 +8,15 @@ that are already stored, which changes nothing, so the incremental pool must dra
 
 import dataclasses
 
+from absl.testing import absltest
+from absl.testing import parameterized
 import hypothesis
-import numpy as np
-from absl.testing import absltest, parameterized
 from hypothesis import strategies as st
+import numpy as np
 
 from jaxspec.config import NGramConfig
-from jaxspec.host.ngram import NGramDrafter, NGramPool
+from jaxspec.host.ngram import NGramDrafter
+from jaxspec.host.ngram import NGramPool
 
 FLAGS = dict(is_keep_all=[True, False], is_use_oldest=[True, False], is_public_pool=[True, False])
 

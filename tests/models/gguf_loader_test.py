@@ -10,9 +10,9 @@ import inspect
 import textwrap
 
 import gguf
+from gguf.quants import dequantize
 import numpy as np
 import pytest
-from gguf.quants import dequantize
 
 from jaxspec.models import checkpoint
 from jaxspec.models import gguf_loader
@@ -56,7 +56,7 @@ def numpy_llama_logits(path, ids) -> np.ndarray:
     hd = x.shape[1] // n_heads
     causal = np.tril(np.ones((t, t), bool))
     for i in range(n_layers):
-        p = lambda name: w[f"blk.{i}.{name}.weight"]  # noqa: E731
+        p = lambda name, i=i: w[f"blk.{i}.{name}.weight"]  # noqa: E731
         h = _rms_norm(x, p("attn_norm"), eps)
         q = _interleaved_rope((h @ p("attn_q").T).reshape(t, n_heads, hd), theta)
         k = _interleaved_rope((h @ p("attn_k").T).reshape(t, n_kv, hd), theta)
@@ -96,11 +96,13 @@ def _assert_matches(logits, reference):
     np.testing.assert_array_equal(logits.argmax(-1), reference.argmax(-1))
 
 
+@pytest.mark.slow
 def test_real_model_matches_numpy_reference(flax_logits, prompt_ids):
     reference = numpy_llama_logits(registry.default_gguf_path(), prompt_ids)
     _assert_matches(flax_logits, reference)
 
 
+@pytest.mark.slow
 def test_real_model_matches_transformers(flax_logits, prompt_ids, monkeypatch):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -189,8 +191,9 @@ def test_tiny_gguf_loads_the_written_model(tmp_path, cache, byte_vocab, forward,
     original = tiny.tiny_model(3, vocab_size=len(byte_vocab[0]), tie_embeddings=tie)
     path = write_tiny_gguf(tmp_path / "tiny.gguf", original, byte_vocab)
     model, tok = gguf_loader.load_gguf(path)
-    # GGUF stores epsilon as float32.
-    assert model.cfg == dataclasses.replace(original.cfg, rms_norm_eps=model.cfg.rms_norm_eps)
+    # GGUF stores epsilon as float32; the writer records a context length of 256.
+    assert model.cfg == dataclasses.replace(original.cfg, rms_norm_eps=model.cfg.rms_norm_eps,
+                                            max_position_embeddings=256)
     np.testing.assert_allclose(model.cfg.rms_norm_eps, original.cfg.rms_norm_eps, rtol=1e-6)
     tokens = np.random.default_rng(0).integers(0, original.cfg.vocab_size, (2, 21))
     np.testing.assert_allclose(forward(model, tokens), forward(original, tokens), atol=1e-5)
@@ -223,6 +226,7 @@ def test_second_load_reads_only_the_cache(tmp_path, cache, byte_vocab, forward, 
     assert tok.eos_token_ids == (2, 0)
 
 
+@pytest.mark.slow
 def test_default_model_loads_from_cache(smollm2, monkeypatch):
     entry = gguf_loader.cache_entry(registry.default_gguf_path())
     assert (entry / "config.json").is_file() and (entry / "tokenizer.json").is_file()

@@ -1,0 +1,129 @@
+"""The executor's own contract, on the tiny model: K decided once and pages reserved for it, one
+count of accepted drafts when a stop token or the length limit cuts a verify window, finished
+requests leaving at once, and the run's metrics reset on demand."""
+
+import pytest
+
+import jaxspec as js
+from jaxspec.host import executor as executor_lib
+from jaxspec.host import requests as requests_lib
+from jaxspec.host import scheduler as scheduler_lib
+from tests.helpers import random_prompts
+
+CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=64, page_size=4,
+                                       max_num_tokens=128, prefill_chunk=32)
+K = 4
+
+
+class OracleDrafter(js.Drafter):
+    """Drafts each request's true greedy continuation: every draft is accepted."""
+
+    def __init__(self, truth, **kwargs):
+        super().__init__(**kwargs)
+        self.truth = truth                      # request id -> prompt + greedy continuation
+
+    def prepare_draft_tokens(self, requests):
+        return [self.truth[r.request_id][len(r.tokens):len(r.tokens) + self.draft_len]
+                for r in requests]
+
+
+def _oracle_run(model, uncached_greedy, *, max_new_tokens, stop=None):
+    prompt = random_prompts(0, [7])[0]
+    truth = prompt + uncached_greedy(model, prompt, 40)
+    drafter = OracleDrafter({0: truth}, max_draft_len=K)
+    executor = executor_lib.Executor(model, scheduler_config=CONFIG, spec=drafter)
+    stops = frozenset() if stop is None else frozenset([stop])
+    rid = executor.add_request(prompt, requests_lib.SamplingParams(max_new_tokens=max_new_tokens),
+                               stops)
+    assert rid == 0
+    pairs = []
+    feed = executor._feed_gate
+    executor._feed_gate = lambda p: (pairs.extend(p), feed(p))
+    result = executor.run()[0]
+    return truth[len(prompt):], result, executor.stats, pairs
+
+
+def _assert_one_count(result, stats, pairs):
+    """Per request, per run and for the gate: the same accepted drafts."""
+    assert result.accepted == stats.accepted == sum(a for a, _ in pairs)
+    assert result.drafted == stats.drafted == sum(d for _, d in pairs)
+    assert sum(result.acceptance_lengths) == stats.committed == len(result.output) - 1
+
+
+def test_a_stop_token_inside_a_window(tiny_lm, uncached_greedy):
+    # The first token is committed by prefill; verify windows then commit K + 1 tokens each. Stop
+    # on the 3rd token of the first window: its 3 accepted drafts are kept, the rest is cut.
+    free, *_ = _oracle_run(tiny_lm, uncached_greedy, max_new_tokens=40)
+    stop = free[3]
+    assert stop not in free[:3], "pick a prompt whose continuation does not repeat early"
+    want, result, stats, pairs = _oracle_run(tiny_lm, uncached_greedy, max_new_tokens=40,
+                                             stop=stop)
+    assert result.output == want[:4] and result.finish_reason == "stop"
+    assert result.acceptance_lengths == [3]
+    assert (result.accepted, result.drafted) == (3, K)
+    _assert_one_count(result, stats, pairs)
+
+
+def test_the_length_limit_inside_a_window(tiny_lm, uncached_greedy):
+    # 1 (prefill) + 5 (one full window) + 2 (cut) = 8 tokens.
+    want, result, stats, pairs = _oracle_run(tiny_lm, uncached_greedy, max_new_tokens=8)
+    assert result.output == want[:8] and result.finish_reason == "length"
+    assert result.acceptance_lengths == [K + 1, 2]
+    assert result.accepted == K + 2
+    _assert_one_count(result, stats, pairs)
+
+
+def test_k_is_decided_once_and_pages_follow_it(tiny_lm):
+    """Distinct prompt tokens give the automaton nothing to match: the step runs with K = 0 and
+    allocates pages for 1 token, not for the placeholder's 1 + K."""
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG,
+                                     spec=js.SAConfig(max_draft_len=K))
+    prompt = list(range(10, 17))                       # 7 tokens: pages of 4 hold 0..7
+    executor.add_request(prompt, requests_lib.SamplingParams(max_new_tokens=30), frozenset())
+    executor.step()                                    # prefill
+    request = executor.scheduler.running[0]
+    assert len(request.pages.pages) == 2
+    executor.step()                                    # decode: 7 cached + 1 new = 8 slots
+    assert executor.stats.k_history == [0]
+    assert len(request.pages.pages) == 2               # 1 + K would have needed 3 pages
+
+
+def test_finished_requests_leave_the_executor(tiny_lm):
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=None)
+    params = requests_lib.SamplingParams(max_new_tokens=3)
+    ids = [executor.add_request(p, params, frozenset()) for p in random_prompts(1, [5, 9])]
+    done = executor.run()
+    assert sorted(done) == ids and all(len(r.output) == 3 for r in done.values())
+    assert executor.run() == {}
+    for rid in ids:
+        with pytest.raises(ValueError, match="no live request"):
+            executor.cancel(rid)
+    allocator = executor.scheduler.allocator
+    assert allocator.num_free == allocator.num_pages - 1
+
+
+def test_cancel_returns_the_request_and_frees_it(tiny_lm):
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG,
+                                     spec=js.SAConfig(max_draft_len=K))
+    rid = executor.add_request(random_prompts(2, [6])[0],
+                               requests_lib.SamplingParams(max_new_tokens=20), frozenset())
+    executor.step()
+    executor.step()
+    cancelled = executor.cancel(rid)
+    assert cancelled.finish_reason == "cancelled" and cancelled.finished
+    assert not executor.has_work()
+
+
+def test_reset_stats(tiny_lm):
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=None)
+    executor.add_request([1, 2, 3], requests_lib.SamplingParams(max_new_tokens=4), frozenset())
+    executor.run()
+    assert executor.stats.generated_tokens == 4
+    executor.reset_stats()
+    assert executor.stats.generated_tokens == 0 and executor.stats.decode_steps == 0
+
+
+def test_an_enhancer_needs_a_host_drafter(tiny_lm):
+    with pytest.raises(TypeError, match="enhances a host drafter"):
+        executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=js.SAConfig(max_draft_len=2),
+                              enhancer=js.SAEnhancerConfig())
