@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install install-bench demo test bench
+.PHONY: install install-bench demo test test-fast bench
 
 install: $(VENV)/.installed
 
@@ -29,7 +29,13 @@ demo: install
 	$(VENV)/bin/jaxspec generate --prompt-file build/demo_prompt.txt --max-new-tokens 128
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
+
+# The same minus the tests marked slow (the real model, long property tests): a few minutes.
+test-fast: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -m "not slow" tests
 
 bench: install-bench
 	$(PY) -m benchmarks.run_all

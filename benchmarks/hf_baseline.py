@@ -16,10 +16,11 @@ torch, transformers and accelerate come with the `bench` extra; `unavailable_rea
 is missing so callers can skip the baseline with that message.
 """
 
+from collections.abc import Collection
+from collections.abc import Sequence
 import importlib.util
 import os
 import pathlib
-from collections.abc import Collection, Sequence
 
 INSTALL = "pip install -e '.[bench]'"
 REQUIRED = ("torch", "transformers", "accelerate")

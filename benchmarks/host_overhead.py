@@ -26,7 +26,8 @@ import sysconfig
 import time
 
 from benchmarks import report
-from jaxspec.host.ngram import DEFAULT_MAX_POOL_ENTRIES, NGramPool
+from jaxspec.host.ngram import DEFAULT_MAX_POOL_ENTRIES
+from jaxspec.host.ngram import NGramPool
 
 SECTION = "host_overhead"
 HISTORIES = (1024, 8192, 32768)

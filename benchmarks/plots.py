@@ -5,8 +5,9 @@
 * `throughput_vs_batch`: tokens/s of each method against the batch size, from the sweep.
 """
 
+from collections.abc import Mapping
+from collections.abc import Sequence
 import pathlib
-from collections.abc import Mapping, Sequence
 
 
 def _pyplot():

@@ -14,7 +14,20 @@ import pathlib
 import platform
 import re
 
-BENCHMARKS_MD = pathlib.Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+
+
+def checkout_relative(arg: str) -> str:
+    """A command-line argument with any absolute path inside the checkout made relative to it, so
+    a recorded command reads the same on every machine."""
+    path = pathlib.Path(arg)
+    if path.is_absolute():
+        try:
+            return str(path.resolve().relative_to(ROOT))
+        except ValueError:
+            return arg
+    return arg
 
 
 def machine_description() -> str:
@@ -46,4 +59,5 @@ def publish(section: str, markdown: str, *, module: str, argv: list[str], write:
     """Prints a benchmark's section and, if `write`, records it with the command that made it."""
     print(markdown)
     if write:
-        write_section(section, markdown, command=" ".join(["python -m", module, *argv]))
+        command = " ".join(["python -m", module, *map(checkout_relative, argv)])
+        write_section(section, markdown, command=command)

@@ -13,12 +13,12 @@ Throughput conventions, the same for both sides:
                    the prefill is measured apart, by 1-token generations.
 """
 
+from collections.abc import Sequence
 import dataclasses
 import math
 import os
 import statistics
 import time
-from collections.abc import Sequence
 
 from benchmarks import rss as rss_lib
 from jaxspec import engine as engine_lib

@@ -1,9 +1,10 @@
-"""`jaxspec generate` and `jaxspec bench`.
+"""`jaxspec generate`.
 
     jaxspec generate --prompt "Write a haiku about JAX" --max-new-tokens 64
     jaxspec generate --prompt-file edit.txt --spec sa --max-draft-len 5 --json
     jaxspec generate --batch-file prompts.txt --spec auto        # one prompt per line, one batch
-    jaxspec bench --workload code_editing --n 4                  # from a source checkout
+
+The benchmarks live in a source checkout, not in the package: `python -m benchmarks.harness`.
 """
 
 import argparse
@@ -30,7 +31,8 @@ def _add_generate(sub):
     p.add_argument("--spec", choices=engine_lib.SPEC_NAMES, default="auto",
                    help="speculation method (default: auto)")
     p.add_argument("--max-draft-len", type=int, default=None,
-                   help=f"draft tokens per step for sa/ngram (default {engine_lib.DEFAULT_DRAFT_LEN})")
+                   help=f"draft tokens per step for sa/ngram "
+                        f"(default {engine_lib.DEFAULT_DRAFT_LEN})")
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="concurrent requests (default: the number of prompts, at most 8); AUTO "
@@ -67,12 +69,17 @@ def _read_prompts(args) -> list[str]:
 
 
 def _summary_line(stats: dict) -> str:
-    parts = [f"{stats['generated_tokens']} tokens in {stats['wall_time_s']:.2f}s",
-             f"{stats['tokens_per_s']} tok/s"]
+    """Steady-state speed apart from the iterations that compiled (first calls), so a cold start
+    does not read as the engine's speed."""
+    parts = [f"{stats['generated_tokens']} tokens in {stats['wall_time_s']:.2f}s"]
+    if stats.get("first_call_time_s"):
+        parts.append(f"first calls (compilation included) {stats['first_call_time_s']:.2f}s")
+    steady = stats.get("steady_tokens_per_s")
+    parts.append(f"steady {steady} tok/s" if steady is not None
+                 else f"{stats['tokens_per_s']} tok/s")
     if stats.get("mean_acceptance_length") is not None and stats.get("spec_steps"):
         parts.append(f"mean acceptance length {stats['mean_acceptance_length']:.2f}")
         parts.append(f"acceptance rate {stats['acceptance_rate']}")
-    parts.append(f"prefill {stats['prefill_time_s']:.2f}s (first runs include compilation)")
     return "[jaxspec] " + ", ".join(parts)
 
 
@@ -112,29 +119,11 @@ def _generate(args) -> int:
     return 0
 
 
-def _bench(argv) -> int:
-    """`jaxspec bench ...` runs benchmarks/harness.py of the source checkout in the current folder
-    (the benchmarks and their workloads are not installed with the package)."""
-    if os.path.isfile(os.path.join("benchmarks", "harness.py")) and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        from benchmarks import harness
-    except ImportError:
-        print("jaxspec bench runs from the root of a jaxspec source checkout (it needs the "
-              "benchmarks/ folder)", file=sys.stderr)
-        return 2
-    return harness.main(list(argv))
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    sub.add_parser("bench", help="benchmark methods side by side, from a source checkout "
-                                 "(`jaxspec bench --help`)")
     args = parser.parse_args(argv)
     try:
         return _generate(args)

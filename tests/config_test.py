@@ -6,7 +6,8 @@ import pathlib
 import subprocess
 import sys
 
-from absl.testing import absltest, parameterized
+from absl.testing import absltest
+from absl.testing import parameterized
 
 import jaxspec
 from jaxspec import config

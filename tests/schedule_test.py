@@ -1,7 +1,8 @@
 """Draft-length schedule lookups, validation and compile buckets, with hand-computed cases."""
 
+from absl.testing import absltest
+from absl.testing import parameterized
 import hypothesis
-from absl.testing import absltest, parameterized
 from hypothesis import strategies as st
 
 from jaxspec import schedule

@@ -4,7 +4,10 @@ import argparse
 import statistics
 import sys
 
-from benchmarks.workloads import WORKLOADS, WorkloadUnavailable, code_editing, load
+from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import WorkloadUnavailable
+from benchmarks.workloads import code_editing
+from benchmarks.workloads import load
 
 
 def _list() -> None:

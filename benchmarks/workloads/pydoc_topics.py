@@ -9,7 +9,8 @@ small `n` gets mid-sized documents.
 
 from pydoc_data import topics as pydoc_topics
 
-from benchmarks.workloads.base import Conversation, check_count
+from benchmarks.workloads.base import Conversation
+from benchmarks.workloads.base import check_count
 
 MIN_WORDS = 150  # shorter topics are a grammar rule and a sentence: little to summarize
 MAX_WORDS = 1500  # keeps the prompt near 2k tokens, a CPU-friendly prefill

@@ -18,7 +18,8 @@ import inspect
 import pkgutil
 import textwrap
 
-from benchmarks.workloads.base import Conversation, check_count
+from benchmarks.workloads.base import Conversation
+from benchmarks.workloads.base import check_count
 
 # `module:qualname`, in the order the workload returns them. The first is the demo prompt: its
 # rename touches 14 lines, the case where prompt lookup shines.

@@ -5,13 +5,16 @@ import contextlib
 import gzip
 import io
 import json
-
-from absl.testing import absltest, parameterized
 from pydoc_data import topics as pydoc_topics
+
+from absl.testing import absltest
+from absl.testing import parameterized
 
 from benchmarks import workloads
 from benchmarks.workloads import __main__ as cli
-from benchmarks.workloads import base, gettext_catalogs, stdlib_code
+from benchmarks.workloads import base
+from benchmarks.workloads import gettext_catalogs
+from benchmarks.workloads import stdlib_code
 
 # Sizes of the published datasets; the stdlib-derived workloads depend on the Python version and
 # the system, so they get lower bounds.

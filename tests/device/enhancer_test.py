@@ -1,10 +1,10 @@
 """The enhancer: whole-row override at match_len >= threshold, hand-computed cases."""
 
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from absl.testing import parameterized
 
 from jaxspec.device import enhancer
 

@@ -2,13 +2,13 @@
 
 import functools
 
+from flax import nnx
 import hypothesis
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxspec.device import kv_cache
 from jaxspec.models import tiny

@@ -1,8 +1,8 @@
 """Exact-match acceptance: hand-computed cases."""
 
+from absl.testing import parameterized
 import jax.numpy as jnp
 import numpy as np
-from absl.testing import parameterized
 
 from jaxspec.device import verify
 
