@@ -70,17 +70,18 @@ def main(argv=None):
     sa, mask = slot_book.flush(state.sa, state.active_mask)
     state = state.replace(sa=sa, active_mask=mask)
     slots = jnp.asarray(slot_book.slots(["r0"]))
-    state, _ = step_lib.prime_drafts(state, slots, cfg=cfg)
+    state, draft_lens, _ = step_lib.prime_drafts(state, slots, cfg=cfg)
 
     # 4) The loop: one jitted call per iteration; the host moves the length, nothing else.
     committed_per_step = []
     for _ in range(args.steps):
         inputs = step_lib.StepInputs(
             last_tokens=jnp.asarray([tokens[-1]], jnp.int32), drafts=jnp.zeros((1, 0), jnp.int32),
-            draft_lens=jnp.zeros(1, jnp.int32), slots=slots, sampling=greedy,
+            draft_lens=draft_lens, slots=slots, sampling=greedy,
             view=kv_cache.CacheView(page_table=page_table, lengths=jnp.asarray([length]),
                                     num_new=jnp.asarray([1 + args.k], jnp.int32)))
         state, out = step_lib.step(params, state, inputs, cfg=cfg)
+        draft_lens = out.next_draft_lens          # the next drafts are already on the device
         n = int(out.num_new_tokens[0])
         tokens += [int(t) for t in np.asarray(out.new_tokens[0, :n])]
         length += n                     # rollback of the rejected drafts = not counting them

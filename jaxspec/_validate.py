@@ -45,6 +45,16 @@ def check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
     return window, threshold
 
 
+GATES = ("permanent", "reversible")
+
+
+def check_gate(gate) -> str:
+    """The acceptance gate's kind, "permanent" or "reversible"; ValueError otherwise."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    return gate
+
+
 def gate_is_active(window: int | None, threshold: float | None) -> bool:
     """Whether an acceptance gate with these settings can ever decide: a non-zero window and a
     threshold."""

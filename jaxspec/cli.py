@@ -1,8 +1,10 @@
-"""`jaxspec generate`.
+"""`jaxspec generate` and `jaxspec profile`.
 
     jaxspec generate --prompt "Write a haiku about JAX" --max-new-tokens 64
     jaxspec generate --prompt-file edit.txt --spec sa --max-draft-len 5 --json
     jaxspec generate --batch-file prompts.txt --spec auto        # one prompt per line, one batch
+    jaxspec profile                    # measure the step-cost model adaptive K decides with
+    jaxspec profile --show             # print it as measured so far
 
 The benchmarks live in a source checkout, not in the package: `python -m benchmarks.harness`.
 """
@@ -42,6 +44,54 @@ def _add_generate(sub):
                    help='print {"token_ids", "text", "stats"} instead of streaming')
     p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
                    help="persistent XLA compilation cache directory ('' disables it)")
+
+
+def _add_profile(sub):
+    p = sub.add_parser("profile", help="measure (or --show) the step-cost model of adaptive K")
+    p.add_argument("--model", default=None,
+                   help="a .gguf file or HF-layout directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--batch-sizes", default="1,2,4,8", help="batch buckets to measure")
+    p.add_argument("--widths", default=None,
+                   help="draft widths K to measure (default: every width adaptive K may use)")
+    p.add_argument("--contexts", default="512,2048", help="cached tokens per row")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--show", action="store_true", help="print the model, measure nothing")
+    p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
+                   help="persistent XLA compilation cache directory ('' disables it)")
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"--{name} takes non-negative integers, got {text!r}")
+    return values
+
+
+def _profile(args) -> int:
+    from jaxspec import config as config_lib
+    from jaxspec import models
+    from jaxspec.host import adaptive
+    from jaxspec.host import cost_model
+    from jaxspec.host import executor
+    from jaxspec.host import profile
+
+    widths = (_ints(args.widths, "widths") if args.widths
+              else list(adaptive.widths_up_to(config_lib.ADAPTIVE_MAX_DRAFT_LEN)))
+    batch_sizes = _ints(args.batch_sizes, "batch-sizes")
+    contexts = _ints(args.contexts, "contexts")
+    _enable_compile_cache(args.compile_cache)
+    model, _ = models.load(args.model)
+    path = cost_model.default_path(executor.model_key(model))
+    costs = cost_model.StepCostModel(path)
+    if not args.show:
+        profile.profile(model, costs, batch_sizes=batch_sizes, widths=widths, contexts=contexts,
+                        repeats=args.repeats)
+    print(f"Step-cost model ({path}):\n")
+    print(profile.format_table(costs))
+    return 0
 
 
 def _enable_compile_cache(path: str):
@@ -124,9 +174,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="jaxspec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_profile(sub)
     args = parser.parse_args(argv)
     try:
-        return _generate(args)
+        return _profile(args) if args.command == "profile" else _generate(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"jaxspec: error: {e}", file=sys.stderr)
         return 2

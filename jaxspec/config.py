@@ -11,8 +11,17 @@ Fields shared by the drafter configs (TensorRT-LLM's ``DecodingBaseConfig``):
   ``(batch_size, draft_len)`` pairs. ``max_concurrency=C`` is stored as the schedule
   ``((C, max_draft_len),)``: speculate with full K up to C requests, not at all above.
 * ``acceptance_rate_window_size`` / ``acceptance_rate_threshold``: the `SpeculationGate` turns
-  speculation off for good once the mean batch acceptance rate over the last ``window`` iterations
-  drops below ``threshold``. Either left unset (or a window of 0) means no gate.
+  speculation off once the mean batch acceptance rate over the last ``window`` iterations drops
+  below ``threshold``. Either left unset (or a window of 0) means no gate.
+* ``gate``: "permanent" (TensorRT-LLM's: off for good) or "reversible": after switching off, probe
+  with a short draft every so many iterations and switch back on when the probes' rate recovers;
+  each request also gets its own gate, so one request whose acceptance collapses stops drafting
+  while the others go on (`jaxspec.host.gate.ReversibleGate`).
+
+The n-gram and automaton configs also take ``adaptive``: each iteration, K is the compiled width
+that maximises the expected committed tokens per second, from a measured step-cost model and an
+acceptance prediction calibrated on this run (`jaxspec.host.adaptive`); the schedule and
+``max_draft_len`` stay upper bounds. Off reproduces the fixed-K behaviour exactly.
 """
 
 from collections.abc import Iterable
@@ -20,12 +29,14 @@ from collections.abc import Mapping
 import dataclasses
 
 from jaxspec._validate import check_bool
+from jaxspec._validate import check_gate
 from jaxspec._validate import check_gate_fields
 from jaxspec._validate import check_int
 from jaxspec._validate import gate_is_active
 from jaxspec.schedule import normalize_schedule
 
 ScheduleLike = Mapping[int, int] | Iterable[tuple[int, int]] | None
+ADAPTIVE_MAX_DRAFT_LEN = 16  # the longest width AUTO may choose; matches of 20+ tokens are common
 
 
 def _set(config, name: str, value):
@@ -42,9 +53,11 @@ class _DrafterFields:
     draft_len_schedule: ScheduleLike = None  # always max_draft_len
     acceptance_rate_window_size: int | None = None  # no gate
     acceptance_rate_threshold: float | None = None  # no gate
+    gate: str = "permanent"  # TensorRT-LLM's gate
 
     def __post_init__(self):
         _set(self, "max_draft_len", check_int("max_draft_len", self.max_draft_len, minimum=1))
+        check_gate(self.gate)
         _set(self, "draft_len_schedule", normalize_schedule(
             self.draft_len_schedule, self.max_draft_len, self.max_concurrency))
         if self.max_concurrency is not None:
@@ -76,12 +89,13 @@ class NGramConfig(_DrafterFields):
     is_keep_all: bool = True  # more candidates; the oldest is usually the best
     is_use_oldest: bool = True  # the newest is often a truncated match from the window's end
     is_public_pool: bool = True  # shares system prompts and few-shot text across requests
+    adaptive: bool = False  # fixed K, as TensorRT-LLM
 
     def __post_init__(self):
         super().__post_init__()
         _set(self, "max_matching_ngram_size", check_int(
             "max_matching_ngram_size", self.max_matching_ngram_size, minimum=1))
-        for name in ("is_keep_all", "is_use_oldest", "is_public_pool"):
+        for name in ("is_keep_all", "is_use_oldest", "is_public_pool", "adaptive"):
             check_bool(name, getattr(self, name))
 
 
@@ -104,9 +118,11 @@ class SAConfig(_DrafterFields):
     enable_global_pool: bool = False  # cross-request search costs a pass over every slot
     global_pool_size: int | None = None  # derived from max_batch_size by the slot manager
     min_match_len: int = 2  # 1-token matches draft noise (see above)
+    adaptive: bool = False  # fixed K, as TensorRT-LLM
 
     def __post_init__(self):
         super().__post_init__()
+        check_bool("adaptive", self.adaptive)
         ngram = check_int("max_matching_ngram_size", self.max_matching_ngram_size, minimum=-1)
         if ngram == 0:
             raise ValueError("max_matching_ngram_size must be -1 (longest match) or >= 1, got 0")
@@ -137,11 +153,20 @@ class SAEnhancerConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AutoConfig:
-    """Let jaxspec pick a model-free drafter from the batch size (see `suggest_spec_config`)."""
+    """Let jaxspec pick: `suggest_spec_config(max_batch_size)`'s automaton, made adaptive.
+
+    Adaptive K decides from the automaton's match length, so AUTO looks up the longest match
+    (not sizes M..1), admits every match (`min_match_len=1`: the predictor weighs 1-token matches
+    instead of a fixed cut) and may draft up to `ADAPTIVE_MAX_DRAFT_LEN` tokens, the planner
+    choosing how far per iteration; `suggest_spec_config`'s concurrency limit stays the bound.
+    """
 
     def resolve(self, max_batch_size: int) -> SAConfig:
         """The config AUTO stands for at `max_batch_size`."""
-        return suggest_spec_config(max_batch_size)
+        base = suggest_spec_config(max_batch_size)
+        return dataclasses.replace(
+            base, adaptive=True, max_matching_ngram_size=-1, min_match_len=1,
+            max_draft_len=ADAPTIVE_MAX_DRAFT_LEN, draft_len_schedule=None)
 
 
 def suggest_spec_config(max_batch_size: int) -> SAConfig:

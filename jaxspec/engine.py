@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import dataclasses
 
 from jaxspec import config as config_lib
+from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import executor as executor_lib
 from jaxspec.host import requests as requests_lib
@@ -79,6 +80,8 @@ class Engine:
         where the automaton's match is at least `threshold` tokens long.
       scheduler: capacity; the defaults fit batch 8 of 2048-token sequences.
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
+      cost_model: the step-cost model adaptive K decides with (`jaxspec.host.cost_model`);
+        default: the one kept for this model and machine under the cache directory.
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
@@ -88,11 +91,13 @@ class Engine:
     def __init__(self, model, tokenizer=None, *, spec="auto",
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
-                 sa_implementation: str | None = None):
+                 sa_implementation: str | None = None,
+                 cost_model: cost_model_lib.StepCostModel | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
         self.sa_implementation = sa_implementation
+        self.cost_model = cost_model
         self.last_stats: dict | None = None
         self._spec = None
         self._enhancer = None
@@ -123,7 +128,7 @@ class Engine:
         self._executor = None              # free the old cache before allocating the new one
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
-            sa_implementation=self.sa_implementation)
+            sa_implementation=self.sa_implementation, cost_model=self.cost_model)
 
     @property
     def executor(self) -> executor_lib.Executor:

@@ -166,8 +166,15 @@ class AutoTest(parameterized.TestCase):
         expected = config.SAConfig(max_draft_len=draft_len, max_matching_ngram_size=ngram,
                                    max_concurrency=32, enable_global_pool=True)
         self.assertEqual(config.suggest_spec_config(max_batch_size), expected)
-        self.assertEqual(config.AutoConfig().resolve(max_batch_size), expected)
         self.assertEqual(expected.draft_len_schedule, ((32, draft_len),))
+        # AUTO: the same automaton and concurrency limit, made adaptive (longest match, every
+        # match admitted, the planner choosing up to ADAPTIVE_MAX_DRAFT_LEN).
+        auto = config.AutoConfig().resolve(max_batch_size)
+        k = config.ADAPTIVE_MAX_DRAFT_LEN
+        self.assertEqual(auto, dataclasses.replace(
+            expected, adaptive=True, max_matching_ngram_size=-1, min_match_len=1,
+            max_draft_len=k, draft_len_schedule=None))
+        self.assertEqual(auto.draft_len_schedule, ((32, k),))
 
     def test_invalid_batch_size(self):
         with self.assertRaisesRegex(ValueError, "max_batch_size.*got 0"):

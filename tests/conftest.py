@@ -25,6 +25,16 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 PAGE_SIZE = 16
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cost_models_stay_in_the_session(tmp_path_factory):
+    """Adaptive K's step-cost files go to a session folder, not the user's cache: decisions in
+    one test run never depend on timings measured by another."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("JAXSPEC_COST_CACHE", str(tmp_path_factory.mktemp("cost")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of the embedded default, through the on-disk cache."""

@@ -153,7 +153,8 @@ class StepInputs:
     Attributes:
       last_tokens: i32[B] each row's last committed token (not yet in the cache).
       drafts: i32[B, K] host drafts (draft source "host"); ignored otherwise (may be [B, 0]).
-      draft_lens: i32[B] real host draft lengths; ignored unless "host".
+      draft_lens: i32[B] draft lengths to verify, decided on the host for every draft source
+        (an automaton row's at most its admitted length, reported by the last step).
       view: cache view with num_new = 1 + K for real rows and 0 for padding rows.
       sampling: per-row sampling parameters.
       slots: i32[B] each row's automaton slot (the dummy slot for padding rows); ignored without
@@ -250,7 +251,11 @@ def _admitted(cfg: StepConfig, buf: DraftBuffer, slots):
 
 
 def _drafts(cfg: StepConfig, state: DeviceState, inputs: StepInputs):
-    """This step's (drafts i32[B, K], real lengths i32[B], automaton match lengths i32[B])."""
+    """This step's (drafts i32[B, K], lengths to verify i32[B], automaton match lengths i32[B]).
+
+    The host decides every row's length (`inputs.draft_lens`: it knows the automaton's from the
+    last step's outputs); the tokens come from the inputs, the draft buffer, or both (enhancer).
+    """
     k = cfg.k
     rows = inputs.last_tokens.shape[0]
     if cfg.draft_source == "none":
@@ -259,14 +264,14 @@ def _drafts(cfg: StepConfig, state: DeviceState, inputs: StepInputs):
     if not cfg.automaton:
         return inputs.drafts, inputs.draft_lens, jnp.zeros((rows,), jnp.int32)
     sa_drafts = state.drafts.tokens[inputs.slots, :k]
-    sa_lens, match_len = _admitted(cfg, state.drafts, inputs.slots)
+    match_len = state.drafts.match_len[inputs.slots]
     if cfg.draft_source == "sa":
-        return sa_drafts, sa_lens, match_len
+        # Never past the automaton's real continuation, whatever the host asked.
+        return sa_drafts, jnp.minimum(inputs.draft_lens, state.drafts.lens[inputs.slots]), match_len
     # Enhancer: rows with a long enough match verify the automaton's drafts, the others the host's.
     drafts = enhancer.enhance(inputs.drafts, sa_drafts, match_len,
                               threshold=cfg.enhancer_threshold)
-    override = match_len >= cfg.enhancer_threshold
-    return drafts, jnp.where(override, sa_lens, inputs.draft_lens), match_len
+    return drafts, inputs.draft_lens, match_len
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
@@ -315,9 +320,10 @@ def prime_drafts(state: DeviceState, slots: jax.Array, *, cfg: StepConfig):
       slots: i32[B] the new requests' slots (padding rows use the dummy slot).
 
     Returns:
-      (state with their drafts in the draft buffer, i32[B] the drafts' admitted lengths).
+      (state with their drafts in the draft buffer, i32[B] the drafts' admitted lengths, i32[B]
+      the match lengths behind them).
     """
     _TRACES["prime_drafts"] += 1
     nothing = jnp.zeros((slots.shape[0], 1), jnp.int32)
     state = _refill_drafts(cfg, state, slots, nothing, jnp.zeros(slots.shape, jnp.int32))
-    return state, _admitted(cfg, state.drafts, slots)[0]
+    return (state, *_admitted(cfg, state.drafts, slots))

@@ -67,6 +67,7 @@ class Drafter(abc.ABC):
         `max_concurrency`.
       acceptance_rate_window_size, acceptance_rate_threshold: the acceptance gate the executor
         keeps for this drafter (see `jaxspec.config`); unset means no gate.
+      gate: "permanent" or "reversible" (see `jaxspec.config`).
 
     Raises:
       ValueError: an invalid length, limit, schedule or gate field, or both `max_concurrency` and
@@ -81,6 +82,7 @@ class Drafter(abc.ABC):
         *,
         acceptance_rate_window_size: int | None = None,
         acceptance_rate_threshold: float | None = None,
+        gate: str = "permanent",
     ):
         self.max_draft_len = _validate.check_int("max_draft_len", max_draft_len, minimum=1)
         self.draft_len_schedule = schedule_lib.normalize_schedule(
@@ -90,6 +92,7 @@ class Drafter(abc.ABC):
         self.draft_len = self.max_draft_len
         self.acceptance_rate_window_size, self.acceptance_rate_threshold = (
             _validate.check_gate_fields(acceptance_rate_window_size, acceptance_rate_threshold))
+        self.gate = _validate.check_gate(gate)
 
     @property
     def gate_enabled(self) -> bool:
@@ -103,6 +106,13 @@ class Drafter(abc.ABC):
 
         A draft may be shorter than `draft_len`, or empty, when nothing good is known.
         """
+
+    def prepare_drafts(self, requests: Sequence[DraftRequest]
+                       ) -> tuple[list[list[int]], list[int] | None]:
+        """Drafts and, where the drafter knows it, the length of the text match behind each one
+        (adaptive K predicts acceptance from it). By default `prepare_draft_tokens`' drafts and
+        no match lengths."""
+        return self.prepare_draft_tokens(requests), None
 
     def update_draft_len(self, draft_len: int) -> None:
         """Sets the runtime K, called by the executor every iteration with the scheduled K.

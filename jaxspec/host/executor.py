@@ -29,6 +29,7 @@ nothing piles up however the executor is driven.
 from collections.abc import Sequence
 import dataclasses
 import itertools
+import math
 import time
 
 from flax import nnx
@@ -40,7 +41,10 @@ from jaxspec import schedule as schedule_lib
 from jaxspec.device import kv_cache
 from jaxspec.device import sampling
 from jaxspec.device import step as step_lib
+from jaxspec.host import acceptance
+from jaxspec.host import adaptive
 from jaxspec.host import capacity
+from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
 from jaxspec.host import policy as policy_lib
@@ -84,10 +88,19 @@ class _Plan:
     rows: int                  # the compile bucket: rows past len(requests) are padding
     k: int
     drafts: np.ndarray         # i32[rows, k] host drafts (zeros for automaton drafts)
-    draft_lens: np.ndarray     # i32[rows] real host draft lengths
+    draft_lens: np.ndarray     # i32[rows] real draft lengths to verify
+    matches: np.ndarray        # i32[rows] match length behind each draft (0: unknown)
     slots: np.ndarray          # i32[rows] automaton slots (dummy slot for padding)
     start: float               # when planning began (step time counts from here)
     draft_seconds: float       # host drafting time
+
+
+def model_key(model) -> str:
+    """Names a model's architecture and size for its step-cost file (weights do not matter)."""
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    spec = model.cache_spec
+    return (f"{type(model).__name__}-L{spec.num_layers}-kv{spec.num_kv_heads}x{spec.head_dim}"
+            f"-V{model.vocab_size}-P{params}")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -105,6 +118,8 @@ class Executor:
       enhancer: an `SAEnhancerConfig`: device automata whose drafts replace the host drafter's
         where their match is long enough (needs a host drafter as `spec`).
       sa_implementation: automaton kernels: "pallas", "xla" or None (Pallas on GPU).
+      cost_model: the step-cost model adaptive K decides with (default: this model's, kept under
+        the cache directory, `jaxspec.host.cost_model.default_path`).
 
     Raises:
       ValueError: a capacity the model or the device cannot hold (`jaxspec.host.capacity`).
@@ -114,7 +129,8 @@ class Executor:
     def __init__(self, model, *, scheduler_config: scheduler_lib.SchedulerConfig,
                  spec: policy_lib.SpecLike = None,
                  enhancer: config_lib.SAEnhancerConfig | None = None,
-                 sa_implementation: str | None = None):
+                 sa_implementation: str | None = None,
+                 cost_model: cost_model_lib.StepCostModel | None = None):
         self.config = scheduler_config
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
                                          enhancer=enhancer)
@@ -136,6 +152,15 @@ class Executor:
             scheduler_config.max_batch_size, self.policy.draft_len_schedule,
             scheduler_config.batch_buckets)
         self.gate = self.policy.new_gate()
+        # Reversible gating also gates each request on its own acceptance.
+        self._request_gates = ({} if self.gate is not None and self.policy.gate == "reversible"
+                               else None)
+        self.predictor = self.costs = None
+        if self.policy.adaptive:
+            self.predictor = acceptance.AcceptancePredictor(max_positions=max_k)
+            self.costs = cost_model or cost_model_lib.StepCostModel(
+                cost_model_lib.default_path(model_key(model)))
+            self.widths = adaptive.widths_up_to(max_k)
         kv = kv_cache.init_pages(
             num_layers=cs.num_layers, num_pages=self.scheduler.allocator.num_pages,
             page_size=scheduler_config.page_size, num_kv_heads=cs.num_kv_heads,
@@ -218,6 +243,8 @@ class Executor:
             self.slots.remove_request(request.request_id)
         if request in self._unprimed:
             self._unprimed.remove(request)
+        if self._request_gates is not None:
+            self._request_gates.pop(request.request_id, None)
         return self._live.pop(request.request_id)
 
     # ------------------------------------------------------------------ the iteration
@@ -230,11 +257,11 @@ class Executor:
         # 1. Draft length for the placeholders, from the active requests.
         k = self._draft_len(self.scheduler.num_active)
         # 2. Batch gate: schedule -> acceptance gate -> capacity.
-        k = self._batch_gate(k)
+        cap = self._batch_gate(k)
         # 3-4. Placeholders of 1 + K tokens per decoding request, then prompt chunks.
-        batch = self.scheduler.schedule(tokens_per_decode=1 + k)
+        batch = self.scheduler.schedule(tokens_per_decode=1 + min(k, cap))
         # 5. The decode batch's rows and K, its drafts and its KV pages.
-        plan = self._plan(batch, speculate=k > 0) if batch.decode else None
+        plan = self._plan(batch, cap) if batch.decode else None
         # 6. Forward: prompt chunks (their first tokens committed at once), then the decode batch.
         events = self._prefill(batch.prefill) if batch.prefill else []
         if plan is not None:
@@ -253,43 +280,83 @@ class Executor:
         return self.policy.draft_len_for_batch_size(max(num_requests, 1))
 
     def _batch_gate(self, k: int) -> int:
-        if k == 0 or (self.gate is not None and self.gate.disabled):
+        """The largest K this iteration may use: 0 with speculation off (schedule, acceptance
+        gate, capacity), a probe's length while a reversible gate probes, else max_draft_len."""
+        cap = self.policy.max_draft_len
+        if self.gate is not None:
+            cap = self.gate.allowed(cap)
+        if k == 0 or cap == 0:
             return 0
         cfg = self.config
         allowed = self.policy.should_use_spec_decode(
             max(self.scheduler.num_active, 1), cfg.max_batch_size, cfg.max_num_tokens, k)
-        return k if allowed else 0
+        return cap if allowed else 0
 
-    def _plan(self, batch: scheduler_lib.ScheduledBatch, speculate: bool) -> _Plan:
+    def _plan(self, batch: scheduler_lib.ScheduledBatch, cap: int) -> _Plan:
         start = time.perf_counter()
         reqs = batch.decode
         rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
-        k = 0
-        if speculate:
-            # One K per compiled bucket, within the budget the prompt chunks left.
-            fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
-            k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits))
-        drafts = np.zeros((rows, k), np.int32)
-        draft_lens = np.zeros((rows,), np.int32)
-        if k and self.policy.drafter is not None:
-            self.policy.drafter.update_draft_len(k)
-            tokens, lens = drafter_lib.pad_drafts(
-                self.policy.drafter.prepare_draft_tokens(reqs), k)
-            drafts[:len(reqs)], draft_lens[:len(reqs)] = tokens, lens
-        slots = np.full((rows,), 0, np.int32)
-        if self.slots is not None:
-            self._flush_automata()
-            slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
+        # One K per compiled bucket, within the budget the prompt chunks left and the gate's cap.
+        fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
+        k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
+        drafts, lens, matches, slots = self._drafts(reqs, rows, k)
         draft_seconds = time.perf_counter() - start
-        # Verifying only padding costs a wider forward for nothing. An automaton's next draft is
-        # known from the last step's (or the priming's) outputs.
-        automaton_draft = self.slots is not None and any(r.next_draft_len for r in reqs)
-        if not (draft_lens.any() or automaton_draft):
-            k, drafts = 0, drafts[:, :0]
+        if self.policy.adaptive and k:
+            k, lens = self._choose(reqs, rows, k, lens, matches)
+        if self._request_gates is not None:
+            for i, r in enumerate(reqs):
+                lens[i] = self._request_gate(r).allowed(lens[i])
+        lens = np.minimum(lens, k)
+        # Verifying only padding costs a wider forward for nothing.
+        if not lens.any():
+            k = 0
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
-        return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts, draft_lens=draft_lens,
-                     slots=slots, start=start, draft_seconds=draft_seconds)
+        return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
+                     matches=matches, slots=slots, start=start, draft_seconds=draft_seconds)
+
+    def _drafts(self, reqs, rows: int, k: int):
+        """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
+        i32[rows], automaton slots i32[rows]). Host drafters draft now; the automata drafted
+        inside the previous step (or the priming), whose outputs gave their lengths."""
+        drafts = np.zeros((rows, k), np.int32)
+        lens = np.zeros((rows,), np.int32)
+        matches = np.zeros((rows,), np.int32)
+        n = len(reqs)
+        if k and self.policy.drafter is not None:
+            self.policy.drafter.update_draft_len(k)
+            tokens, found = self.policy.drafter.prepare_drafts(reqs)
+            drafts[:n], lens[:n] = drafter_lib.pad_drafts(tokens, k)
+            if found is not None:
+                matches[:n] = found
+        slots = np.zeros((rows,), np.int32)
+        if self.slots is not None:
+            self._flush_automata()
+            slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - n))
+            automaton = np.asarray([r.next_draft_len for r in reqs], np.int32)
+            # The automaton's draft where it has one: all of them ("sa"), or the rows whose
+            # match reaches the enhancer's threshold (their admitted length is non-zero).
+            lens[:n] = np.where(automaton > 0, automaton, lens[:n])
+            matches[:n] = np.where(automaton > 0, [r.next_match_len for r in reqs], matches[:n])
+        return drafts, lens, matches, slots
+
+    def _choose(self, reqs, rows: int, k: int, lens, matches):
+        """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
+        widths = [w for w in self.widths if w <= k]
+        context = max(r.num_cached for r in reqs) + 1
+        curves = [self.predictor.expected_accepted(int(m), int(d))
+                  for m, d in zip(matches[:len(reqs)], lens[:len(reqs)], strict=True)]
+        choice = adaptive.choose(widths, self.costs.costs(rows, context, widths), curves,
+                                 lens[:len(reqs)])
+        chosen = np.zeros_like(lens)
+        chosen[:len(reqs)] = choice.lens
+        return choice.k, chosen
+
+    def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
+        gate = self._request_gates.get(request.request_id)
+        if gate is None:
+            gate = self._request_gates[request.request_id] = self.policy.new_gate()
+        return gate
 
     def _flush_automata(self):
         """Copies automata built since the last step to the device, and drafts for the new ones."""
@@ -300,10 +367,10 @@ class Executor:
             reqs, self._unprimed = self._unprimed, []
             rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
             slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
-            self.state, lens = step_lib.prime_drafts(self.state, slots,
-                                                     cfg=self._step_config(0, True))
-            for r, n in zip(reqs, np.asarray(lens), strict=False):
-                r.next_draft_len = int(n)
+            self.state, lens, matches = step_lib.prime_drafts(self.state, slots,
+                                                              cfg=self._step_config(0, True))
+            for r, n, m in zip(reqs, np.asarray(lens), np.asarray(matches), strict=False):
+                r.next_draft_len, r.next_match_len = int(n), int(m)
 
     def _sampling_arrays(self, reqs, rows: int) -> sampling.SamplingArrays:
         pad = rows - len(reqs)
@@ -381,10 +448,16 @@ class Executor:
             last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
             sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots)
+        traces = step_lib.trace_count("step")
+        start = time.perf_counter()
         self.state, out = step_lib.step(
             self.params, self.state, inputs,
             cfg=self._step_config(plan.k, all(r.params.greedy for r in reqs)))
-        return jax.device_get(out)
+        out = jax.device_get(out)
+        if self.costs is not None and step_lib.trace_count("step") == traces:
+            self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1,
+                               time.perf_counter() - start)
+        return out
 
     def _commit(self, plan: _Plan, out: step_lib.StepOutputs):
         """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
@@ -395,6 +468,8 @@ class Executor:
         for i, r in enumerate(reqs):
             n = int(out.num_new_tokens[i])
             drafted = int(out.draft_lens[i])
+            if drafted:
+                self._learn(r, int(plan.matches[i]), drafted, n - 1)
             r.num_cached += n
             taken = r.append(out.new_tokens[i, :n])
             accepted = stats_lib.accepted_drafts(len(taken), n)
@@ -403,6 +478,7 @@ class Executor:
             r.accepted += accepted
             r.acceptance_lengths.append(len(taken))
             r.next_draft_len = int(out.next_draft_lens[i])
+            r.next_match_len = int(out.next_match_len[i])
             pairs.append((accepted, drafted))
             kept.append(len(taken))
             self.stats.generated_tokens += len(taken)
@@ -411,6 +487,14 @@ class Executor:
         self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
                                time.perf_counter() - plan.start, plan.draft_seconds)
         return events, pairs
+
+    def _learn(self, request: requests_lib.Request, match_len: int, drafted: int, accepted: int):
+        """What one verified row teaches: the acceptance predictor (by the drafts' match length;
+        a stop token does not cut what the target accepted) and the request's own gate."""
+        if self.predictor is not None:
+            self.predictor.observe(match_len, drafted, accepted)
+        if self._request_gates is not None:
+            self._request_gate(request).record_acceptance_rate(min(accepted, drafted) / drafted)
 
     def _feed_gate(self, pairs: list[tuple[int, int]]):
         rate = gate_lib.pooled_acceptance_rate(pairs)

@@ -9,6 +9,10 @@ sample per iteration: the batch's pooled rate ``sum(accepted) / sum(drafted)``, 
 The gate follows TensorRT-LLM's ``SpeculationGate``: a rolling window of the last ``window``
 samples, no decision before ``window`` samples have been recorded, then speculation is disabled the
 first time the window's mean is strictly below ``threshold``. Disabling is permanent until `reset`.
+
+`ReversibleGate` (``gate="reversible"`` on a drafter config) comes back: once disabled it asks for a
+short probe draft every ``interval`` iterations, the interval doubling after every failed probe,
+and re-enables speculation as soon as the mean of its probes reaches the threshold again.
 """
 
 import collections
@@ -16,6 +20,8 @@ from collections.abc import Iterable
 import math
 
 from jaxspec._validate import gate_is_active
+
+PROBE_DRAFT_LEN = 2   # a probe verifies a short draft: cheap when the drafts are still bad
 
 
 class SpeculationGate:
@@ -61,6 +67,11 @@ class SpeculationGate:
         """Whether speculation has been turned off (permanent until `reset`)."""
         return self._disabled
 
+    def allowed(self, draft_len: int) -> int:
+        """How much of a `draft_len`-token draft this gate lets through now: all of it, or none
+        once speculation is disabled."""
+        return 0 if self._disabled else draft_len
+
     def reset(self) -> None:
         """Forgets every sample and re-enables speculation."""
         self._history.clear()
@@ -101,6 +112,83 @@ class SpeculationGate:
             self._disabled = True
             return True, average
         return False, average
+
+
+class ReversibleGate(SpeculationGate):
+    """A `SpeculationGate` that probes after disabling and re-enables when acceptance recovers.
+
+    While disabled, `tick()` (once per iteration the gate's traffic decodes) returns True every
+    `interval` calls: that iteration should verify a short draft, whose rate is recorded as usual.
+    The window then holds probe rates only; when their mean is at or above the threshold the gate
+    re-enables (and starts a fresh window), else the interval doubles, up to `max_interval`.
+
+    Example (window 2, threshold 0.5, probe_interval 2)::
+
+        gate = ReversibleGate(2, 0.5, probe_interval=2)
+        gate.record_acceptance_rate(0.0); gate.record_acceptance_rate(0.2)   # disabled
+        gate.tick(), gate.tick()              # (False, True): probe on the second iteration
+        gate.record_acceptance_rate(0.1)      # a failed probe: next one after 4 iterations
+        [gate.tick() for _ in range(4)]       # [False, False, False, True]
+        gate.record_acceptance_rate(0.9)      # probes' mean (0.1 + 0.9) / 2 = 0.5: enabled
+
+    Args:
+      window, threshold: as `SpeculationGate`.
+      probe_interval: iterations between the first probes, >= 1.
+      max_interval: the longest wait between probes.
+    """
+
+    def __init__(self, window: int | None, threshold: float | None, *, probe_interval: int = 8,
+                 max_interval: int = 256):
+        super().__init__(window, threshold)
+        if not 1 <= probe_interval <= max_interval:
+            raise ValueError(f"need 1 <= probe_interval <= max_interval, got {probe_interval} "
+                             f"and {max_interval}")
+        self.probe_interval = probe_interval
+        self.max_interval = max_interval
+        self._interval = probe_interval
+        self._waited = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self._interval = self.probe_interval
+        self._waited = 0
+
+    def allowed(self, draft_len: int) -> int:
+        """All of the draft while enabled; while disabled, a probe's `PROBE_DRAFT_LEN` tokens
+        every `interval` calls (each call counts one iteration, `tick`), else nothing."""
+        if not self._disabled:
+            return draft_len
+        return min(draft_len, PROBE_DRAFT_LEN) if self.tick() else 0
+
+    def tick(self) -> bool:
+        """Counts one iteration; True when a disabled gate wants this one to probe."""
+        if not self._disabled:
+            return False
+        self._waited += 1
+        if self._waited < self._interval:
+            return False
+        self._waited = 0
+        return True
+
+    def record_acceptance_rate(self, rate: float | None) -> tuple[bool, float | None]:
+        """As `SpeculationGate.record_acceptance_rate`; while disabled, `rate` is a probe's."""
+        was_disabled = self._disabled
+        if was_disabled and rate is not None:
+            rate = float(rate)
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"acceptance rate must be in [0, 1], got {rate}")
+            self._history.append(rate)
+            average = math.fsum(self._history) / len(self._history)
+            if average >= self.threshold:
+                self.reset()
+            else:
+                self._interval = min(2 * self._interval, self.max_interval)
+            return False, average
+        disabled_now, average = super().record_acceptance_rate(rate)
+        if disabled_now:
+            self._history.clear()          # the window now collects probes
+            self._interval, self._waited = self.probe_interval, 0
+        return disabled_now, average
 
 
 def pooled_acceptance_rate(pairs: Iterable[tuple[int, int]]) -> float | None:

@@ -31,7 +31,9 @@ Where jaxspec differs from TensorRT-LLM (DESIGN §3): the drop removes *all* sho
 (TensorRT-LLM skips some while deleting during iteration); keep-one really keeps one (TensorRT-LLM
 appends equal or shorter ones); drafts never exceed the current K, even when older continuations
 were stored under a larger K; and every pool is bounded (see `NGramPool`), where TensorRT-LLM's
-public pool grows forever.
+public pool grows forever. `NGramDrafter` stores continuations at the config's `max_draft_len`
+and cuts drafts to the runtime K at lookup: TensorRT-LLM stores them at the runtime K, so after a
+stretch of small K (a large batch) its drafts stay short once K grows back.
 """
 
 import collections
@@ -194,11 +196,22 @@ class NGramPool:
         Raises:
           ValueError: `prefix` is shorter than at the request's previous call.
         """
+        return self.draft(prefix, request_id, max_sequence_length)[0]
+
+    def draft(self, prefix: Sequence[int], request_id: Hashable, max_sequence_length: int,
+              cap: int | None = None) -> tuple[list[int], int]:
+        """`get_draft_tokens`, with the size of the pattern that matched (0 when none did).
+
+        Args:
+          cap: cuts the draft to this many tokens (default `max_draft_len`); continuations are
+            stored at `max_draft_len` whatever it is.
+        """
         length = len(prefix)
         draft_len = self._max_draft_len
-        room = min(draft_len, max_sequence_length - 1 - length)
+        room = min(draft_len if cap is None else min(cap, draft_len),
+                   max_sequence_length - 1 - length)
         if room <= 0:
-            return []
+            return [], 0
         start, seen = self._scan.get(request_id, (0, 0))
         if length < seen:
             raise ValueError(f"request {request_id!r}: prefix shrank from {seen} to {length} "
@@ -220,8 +233,8 @@ class NGramPool:
         for size in range(max_size, 0, -1):
             match = table.find(tuple(window[-size:]), self.is_use_oldest)
             if match is not None:
-                return list(match[:room])
-        return []
+                return list(match[:room]), size
+        return [], 0
 
     def release(self, request_id: Hashable) -> None:
         """Forgets a request's scan position and frees its private pool; unknown ids are ignored."""
@@ -242,7 +255,8 @@ class NGramDrafter(Drafter):
                  eviction: str = "lru"):
         super().__init__(config.max_draft_len, draft_len_schedule=config.draft_len_schedule,
                          acceptance_rate_window_size=config.acceptance_rate_window_size,
-                         acceptance_rate_threshold=config.acceptance_rate_threshold)
+                         acceptance_rate_threshold=config.acceptance_rate_threshold,
+                         gate=config.gate)
         self.config = config
         self.pool = NGramPool(
             config.max_draft_len,
@@ -256,14 +270,14 @@ class NGramDrafter(Drafter):
 
     def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
         """Drafts for `requests` in the given order (a public pool sees earlier requests first)."""
-        pool = self.pool
-        return [pool.get_draft_tokens(r.tokens, r.request_id, r.max_sequence_length)
-                for r in requests]
+        return self.prepare_drafts(requests)[0]
 
-    def update_draft_len(self, draft_len: int) -> None:
-        """Sets the runtime K; the pool stores and drafts continuations of this length from now."""
-        super().update_draft_len(draft_len)
-        self.pool.max_draft_len = self.draft_len
+    def prepare_drafts(self, requests: Sequence[DraftRequest]
+                       ) -> tuple[list[list[int]], list[int]]:
+        """Drafts of at most the runtime K, and the size of the pattern behind each."""
+        found = [self.pool.draft(r.tokens, r.request_id, r.max_sequence_length, self.draft_len)
+                 for r in requests]
+        return [tokens for tokens, _ in found], [size for _, size in found]
 
     def release(self, request_id: Hashable) -> None:
         """Frees the request's scan position and private pool."""

@@ -34,6 +34,10 @@ class SpecPolicy:
       max_draft_len: the largest K; 0 without speculation.
       draft_len_schedule: K per batch size (`jaxspec.schedule`), or None for always max_draft_len.
       gate_window, gate_threshold: the acceptance gate's settings (unset: no gate).
+      gate: "permanent" or "reversible" (`jaxspec.host.gate.ReversibleGate`, one for the batch
+        and one per request).
+      adaptive: K per iteration from the step-cost model and the acceptance predictor
+        (`jaxspec.host.adaptive`), up to the schedule's K.
       drafter: the host drafter ("host" only).
       uses_automaton: device automata are kept per request ("sa", or "host" with an enhancer).
       global_pool: the automata search every active slot, not only their own.
@@ -49,6 +53,8 @@ class SpecPolicy:
     draft_len_schedule: schedule_lib.Schedule | None = None
     gate_window: int | None = None
     gate_threshold: float | None = None
+    gate: str = "permanent"
+    adaptive: bool = False
     drafter: drafter_lib.Drafter | None = None
     global_pool: bool = False
     global_pool_size: int | None = None
@@ -78,13 +84,15 @@ class SpecPolicy:
         """A fresh acceptance gate, or None when this policy has none."""
         if not gate_is_active(self.gate_window, self.gate_threshold):
             return None
+        if self.gate == "reversible":
+            return gate_lib.ReversibleGate(self.gate_window, self.gate_threshold)
         return gate_lib.SpeculationGate(self.gate_window, self.gate_threshold)
 
 
 def _drafter_fields(source) -> dict:
     return dict(max_draft_len=source.max_draft_len, draft_len_schedule=source.draft_len_schedule,
                 gate_window=source.acceptance_rate_window_size,
-                gate_threshold=source.acceptance_rate_threshold)
+                gate_threshold=source.acceptance_rate_threshold, gate=source.gate)
 
 
 def resolve(spec: SpecLike, *, max_batch_size: int,
@@ -108,20 +116,22 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
                         f"Drafter), got spec {type(spec).__name__}")
     if spec is None:
         return SpecPolicy()
+    extra = {}
     if isinstance(spec, config_lib.NGramConfig):
         from jaxspec.host import ngram
 
+        extra["adaptive"] = spec.adaptive
         spec = ngram.NGramDrafter(spec)
     if isinstance(spec, drafter_lib.Drafter):
-        extra = {}
         if enhancer is not None:
-            extra = dict(enhancer_threshold=enhancer.threshold,
+            extra.update(enhancer_threshold=enhancer.threshold,
                          global_pool=enhancer.enable_global_pool)
         return SpecPolicy(source="host", drafter=spec, **_drafter_fields(spec), **extra)
     if isinstance(spec, config_lib.SAConfig):
         return SpecPolicy(source="sa", global_pool=spec.enable_global_pool,
                           global_pool_size=spec.global_pool_size,
                           max_ngram_size=spec.max_matching_ngram_size,
-                          min_match_len=spec.min_match_len, **_drafter_fields(spec))
+                          min_match_len=spec.min_match_len, adaptive=spec.adaptive,
+                          **_drafter_fields(spec))
     raise TypeError(f"spec must be None, NGramConfig, SAConfig, AutoConfig or a Drafter, got "
                     f"{type(spec).__name__}")

@@ -93,8 +93,10 @@ class Request:
     drafted: int = 0
     accepted: int = 0
     acceptance_lengths: list[int] = dataclasses.field(default_factory=list)
-    # Admitted length of the automaton's next drafts, reported by the last step or the priming.
+    # The automaton's next drafts, reported by the last step or the priming: admitted length and
+    # the match length behind them.
     next_draft_len: int = 0
+    next_match_len: int = 0
 
     @property
     def tokens(self) -> list[int]:

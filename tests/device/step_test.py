@@ -46,6 +46,7 @@ def _prefilled(model, prompt, cfg, **state_kwargs):
 
 
 def _inputs(last, k, drafts=None, draft_lens=None, cached=7):
+    """Row 0 decodes after `cached` tokens with `drafts`; row 1 is padding."""
     drafts = np.zeros((2, k), np.int32) if drafts is None else np.asarray(drafts, np.int32)
     lens = np.zeros(2, np.int32) if draft_lens is None else np.asarray(draft_lens, np.int32)
     return step_lib.StepInputs(last_tokens=np.asarray([last, 0], np.int32), drafts=drafts,
@@ -92,12 +93,15 @@ def test_automaton_drafts_and_next_drafts(tiny_lm):
     text = prompt + [first]
     state = state.replace(sa=sa_state.write_slot(state.sa, jnp.int32(0),
                                                  sa_build.build(text, 64)))
-    state, lens = step_lib.prime_drafts(state, np.asarray([0, 2], np.int32), cfg=cfg)
+    state, lens, matches = step_lib.prime_drafts(state, np.asarray([0, 2], np.int32), cfg=cfg)
     match, draft = sa_reference.SuffixAutomaton(text).draft(2)
     np.testing.assert_array_equal(state.drafts.tokens[0, :len(draft)], draft)
     np.testing.assert_array_equal(lens, [len(draft), 0])
+    np.testing.assert_array_equal(matches, [match, 0])
 
-    state, out = step_lib.step(params, state, _inputs(first, 2, cached=len(prompt)), cfg=cfg)
+    # The host asks for more than the automaton holds: it verifies what it holds.
+    inputs = _inputs(first, 2, draft_lens=[2, 0], cached=len(prompt))
+    state, out = step_lib.step(params, state, inputs, cfg=cfg)
     assert (int(out.match_len[0]), int(out.draft_lens[0])) == (match, len(draft))
     n = int(out.num_new_tokens[0])
     committed = [int(t) for t in out.new_tokens[0, :n]]

@@ -19,10 +19,12 @@ import dataclasses
 
 import hypothesis
 from hypothesis import strategies as st
+import numpy as np
 import pytest
 
 import jaxspec as js
 from jaxspec import engine as engine_lib
+from jaxspec.host import cost_model
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.models import tiny
@@ -61,20 +63,41 @@ class RepeatLastDrafter(js.Drafter):
         return drafts
 
 
+def random_costs(seed: int) -> cost_model.StepCostModel:
+    """A cost model with random step times for every width: adaptive K then picks widths all
+    over the place."""
+    rng = np.random.default_rng(seed)
+    costs = cost_model.StepCostModel()
+    for rows in (1, 2, 4, 8):
+        for k in range(MAX_DRAFT_LEN + 1):
+            costs.observe(rows, k, 1, float(rng.uniform(0.5, 2.0)))
+    return costs
+
+
+GATE = dict(acceptance_rate_window_size=2, acceptance_rate_threshold=0.4, gate="reversible")
 SPECS = {
-    "sa_longest": lambda s: dict(spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN,
-                                                  draft_len_schedule=s)),
-    "sa_fixed_ngram": lambda s: dict(spec=js.SAConfig(
+    "sa_longest": lambda s, _: dict(spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN,
+                                                     draft_len_schedule=s)),
+    "sa_fixed_ngram": lambda s, _: dict(spec=js.SAConfig(
         max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2, draft_len_schedule=s)),
-    "sa_global_pool": lambda s: dict(spec=js.SAConfig(
+    "sa_global_pool": lambda s, _: dict(spec=js.SAConfig(
         max_draft_len=MAX_DRAFT_LEN, enable_global_pool=True, draft_len_schedule=s)),
-    "ngram": lambda s: dict(spec=js.NGramConfig(
+    "ngram": lambda s, _: dict(spec=js.NGramConfig(
         max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2, draft_len_schedule=s)),
-    "user_drafter": lambda s: dict(spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN,
-                                                          draft_len_schedule=s)),
-    "enhanced_user_drafter": lambda s: dict(
+    "user_drafter": lambda s, _: dict(spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN,
+                                                             draft_len_schedule=s)),
+    "enhanced_user_drafter": lambda s, _: dict(
         spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s),
         enhancer=js.SAEnhancerConfig(threshold=2)),
+    # Adaptive K over random step costs, with reversible gates for the batch and each request.
+    "sa_adaptive": lambda s, seed: dict(
+        spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s, adaptive=True,
+                         min_match_len=1, enable_global_pool=True, **GATE),
+        cost_model=random_costs(seed)),
+    "ngram_adaptive": lambda s, seed: dict(
+        spec=js.NGramConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
+                            draft_len_schedule=s, adaptive=True, **GATE),
+        cost_model=random_costs(seed)),
 }
 
 
@@ -167,9 +190,9 @@ def test_greedy_speculation_is_lossless(drafter, tiny_lm, reference):
     totals = collections.Counter()
 
     @_SETTINGS
-    @hypothesis.given(arrivals=workloads(), schedule=schedules())
-    def check(arrivals, schedule):
-        kwargs = SPECS[drafter](schedule)
+    @hypothesis.given(arrivals=workloads(), schedule=schedules(), seed=st.integers(0, 2**16))
+    def check(arrivals, schedule, seed):
+        kwargs = SPECS[drafter](schedule, seed)
         executor = engine_lib.Engine(tiny_lm, scheduler=CONFIG, **kwargs).executor
         added, done = run_workload(executor, arrivals)
         assert done.keys() == added.keys()

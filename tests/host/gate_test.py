@@ -4,7 +4,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import hypothesis
 from hypothesis import strategies as st
+import pytest
 
+from jaxspec.host import gate as gate_lib
 from jaxspec.host.gate import SpeculationGate
 from jaxspec.host.gate import pooled_acceptance_rate
 
@@ -148,3 +150,55 @@ class PooledAcceptanceRateTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+# ---------------------------------------------------------------------------- reversible gate
+
+def test_reversible_gate_worked_example():
+    gate = gate_lib.ReversibleGate(2, 0.5, probe_interval=2)
+    gate.record_acceptance_rate(0.0)
+    assert gate.record_acceptance_rate(0.2) == (True, 0.1)
+    assert gate.disabled
+    assert [gate.tick(), gate.tick()] == [False, True]
+    assert gate.record_acceptance_rate(0.1) == (False, 0.1)       # failed probe: interval 4
+    assert [gate.tick() for _ in range(4)] == [False, False, False, True]
+    assert gate.record_acceptance_rate(0.9) == (False, 0.5)       # probes' mean reaches 0.5
+    assert not gate.disabled and not gate.tick()
+
+
+def test_reversible_gate_backs_off_up_to_the_limit():
+    gate = gate_lib.ReversibleGate(1, 0.5, probe_interval=1, max_interval=4)
+    gate.record_acceptance_rate(0.0)
+    assert gate.disabled
+    waits = []
+    for _ in range(5):
+        n = 1
+        while not gate.tick():
+            n += 1
+        waits.append(n)
+        gate.record_acceptance_rate(0.0)
+    assert waits == [1, 2, 4, 4, 4]
+
+
+def test_reversible_gate_decides_afresh_after_coming_back():
+    gate = gate_lib.ReversibleGate(3, 0.5, probe_interval=1)
+    for rate in (0.0, 0.0, 0.0):
+        gate.record_acceptance_rate(rate)
+    assert gate.disabled and gate.tick()
+    gate.record_acceptance_rate(1.0)
+    assert not gate.disabled
+    # A fresh window: two low samples decide nothing, the third does.
+    assert gate.record_acceptance_rate(0.0) == (False, None)
+    assert gate.record_acceptance_rate(0.0) == (False, None)
+    assert gate.record_acceptance_rate(0.0) == (True, 0.0)
+
+
+def test_reversible_gate_validates_and_behaves_like_the_permanent_one_until_disabled():
+    with pytest.raises(ValueError, match="probe_interval"):
+        gate_lib.ReversibleGate(2, 0.5, probe_interval=0)
+    gate = gate_lib.ReversibleGate(2, 0.5)
+    assert gate.record_acceptance_rate(0.9) == (False, None)
+    assert gate.record_acceptance_rate(0.8) == (False, pytest.approx(0.85))
+    assert not gate.tick()
+    with pytest.raises(ValueError, match="acceptance rate"):
+        gate.record_acceptance_rate(1.5)

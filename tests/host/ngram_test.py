@@ -338,16 +338,26 @@ class NGramDrafterTest(parameterized.TestCase):
         self.assertTrue(drafter.should_use_spec_decode(8, 64, 8192, 4))
         self.assertFalse(drafter.should_use_spec_decode(9, 64, 8192, 4))
 
-    def test_update_draft_len_reaches_the_pool(self):
+    def test_update_draft_len_cuts_drafts_not_what_the_pool_stores(self):
         drafter = NGramDrafter(NGramConfig(max_draft_len=4, max_matching_ngram_size=1))
         request = Request("a", [9, 1, 2, 3, 4, 9], 100)
-        self.assertEqual(drafter.prepare_draft_tokens([request]), [[1, 2, 3, 4]])
-        drafter.update_draft_len(drafter.draft_len_for_batch_size(1))
+        self.assertEqual(drafter.prepare_drafts([request]), ([[1, 2, 3, 4]], [1]))
         drafter.update_draft_len(2)
-        self.assertEqual(drafter.pool.max_draft_len, 2)
+        self.assertEqual(drafter.pool.max_draft_len, 4)
         self.assertEqual(drafter.prepare_draft_tokens([request]), [[1, 2]])
         drafter.update_draft_len(0)
-        self.assertEqual(drafter.prepare_draft_tokens([request]), [[]])
+        self.assertEqual(drafter.prepare_drafts([request]), ([[]], [0]))
+
+    def test_no_stale_continuations_after_a_small_k(self):
+        """TensorRT-LLM stores continuations at the runtime K: text seen while K was 1 drafts
+        1 token for good. Here it was stored at max_draft_len, so K = 4 drafts 4 again."""
+        drafter = NGramDrafter(NGramConfig(max_draft_len=4, max_matching_ngram_size=2))
+        drafter.update_draft_len(1)
+        text = [7, 8, 1, 2, 3, 4, 5, 6]
+        self.assertEqual(drafter.prepare_draft_tokens([Request("a", text, 100)]), [[]])
+        drafter.update_draft_len(4)
+        again = Request("a", text + [9, 7, 8], 100)
+        self.assertEqual(drafter.prepare_drafts([again]), ([[1, 2, 3, 4]], [2]))
 
     def test_release_frees_private_pools(self):
         drafter = NGramDrafter(NGramConfig(max_draft_len=2, is_public_pool=False))

@@ -3,6 +3,7 @@
 import pytest
 
 import jaxspec as js
+from jaxspec.host import gate as gate_lib
 from jaxspec.host import policy as policy_lib
 
 
@@ -40,10 +41,27 @@ def test_ngram_config_becomes_a_host_drafter():
     assert not policy.should_use_spec_decode(3, 4, 64, 3)
 
 
-def test_auto_resolves_from_the_batch_size():
+def test_auto_is_the_suggested_automaton_made_adaptive():
     for batch in (1, 16):
-        assert policy_lib.resolve(js.AutoConfig(), max_batch_size=batch) == policy_lib.resolve(
-            js.suggest_spec_config(batch), max_batch_size=batch)
+        policy = policy_lib.resolve(js.AutoConfig(), max_batch_size=batch)
+        suggested = js.suggest_spec_config(batch)
+        assert policy.adaptive and policy.source == "sa" and policy.global_pool
+        assert (policy.max_ngram_size, policy.min_match_len) == (-1, 1)
+        assert policy.max_draft_len == js.config.ADAPTIVE_MAX_DRAFT_LEN
+        assert policy.draft_len_schedule == ((suggested.max_concurrency, policy.max_draft_len),)
+
+
+def test_gate_and_adaptive_flags_reach_the_policy():
+    policy = policy_lib.resolve(js.NGramConfig(max_draft_len=4, adaptive=True, gate="reversible",
+                                               acceptance_rate_window_size=4,
+                                               acceptance_rate_threshold=0.3),
+                                max_batch_size=2)
+    assert policy.adaptive and policy.gate == "reversible"
+    assert isinstance(policy.new_gate(), gate_lib.ReversibleGate)
+    drafter = EchoDrafter(max_draft_len=2, gate="reversible")
+    assert policy_lib.resolve(drafter, max_batch_size=2).gate == "reversible"
+    with pytest.raises(ValueError, match="gate must be one of"):
+        js.SAConfig(max_draft_len=2, gate="sometimes")
 
 
 def test_user_drafter_with_an_enhancer():

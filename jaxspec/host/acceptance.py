@@ -1,0 +1,69 @@
+"""Acceptance prediction: how many of a row's drafts the target will accept, from the length of the
+match the drafter found (the automaton's match length, or the n-gram pattern size).
+
+Vocabulary: a draft of `d` tokens is verified position by position; position j is *reached* when
+positions 0..j-1 were accepted. `p[m, j]` is the probability that position j is accepted once
+reached, for a draft behind a match of length bucket m. The expected number of accepted drafts of
+a draft verified up to `L` positions is
+
+    E(L) = sum_{i=1..L} prod_{j<i} p[m, j]
+
+`p` starts from a prior (accepted / reached pseudo-counts by match bucket, chosen from SmolLM2's
+acceptance on the benchmark workloads: 1-token matches are rarely right, long ones usually) and
+is calibrated online from every verified row: each reached position adds one to its bucket's
+`reached` count, and one to `accepted` if it was accepted.
+"""
+
+import bisect
+
+import numpy as np
+
+# Lower edges of the match-length buckets: 1, 2, 3, 4-5, 6-7, 8-11, 12-15, 16-23, 24-31, 32+.
+BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+PRIOR_MEAN = (0.08, 0.3, 0.45, 0.55, 0.62, 0.7, 0.75, 0.8, 0.85, 0.9)
+PRIOR_WEIGHT = 4.0           # pseudo-observations behind each prior mean
+
+
+def match_bucket(match_len: int) -> int:
+    """The bucket index of a match length (>= 1; 0 has no draft and no bucket)."""
+    return max(0, bisect.bisect_right(BUCKET_EDGES, match_len) - 1)
+
+
+class AcceptancePredictor:
+    """Per-position acceptance probabilities by match-length bucket, calibrated online.
+
+    Args:
+      max_positions: the longest draft predicted (the largest K).
+    """
+
+    def __init__(self, max_positions: int):
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        shape = (len(BUCKET_EDGES), max_positions)
+        self.reached = np.full(shape, PRIOR_WEIGHT)
+        self.accepted = np.asarray(PRIOR_MEAN)[:, None] * self.reached
+
+    @property
+    def max_positions(self) -> int:
+        return self.reached.shape[1]
+
+    def probabilities(self, match_len: int) -> np.ndarray:
+        """f64[max_positions] p[m, j] for the bucket of `match_len`."""
+        m = match_bucket(match_len)
+        return self.accepted[m] / self.reached[m]
+
+    def expected_accepted(self, match_len: int, draft_len: int) -> np.ndarray:
+        """f64[max_positions + 1]: E(L) for L = 0..max_positions, flat past `draft_len` (a draft
+        cannot be accepted beyond its real length)."""
+        reach = np.cumprod(self.probabilities(match_len))
+        reach[min(draft_len, self.max_positions):] = 0.0
+        return np.concatenate([[0.0], np.cumsum(reach)])
+
+    def observe(self, match_len: int, draft_len: int, accepted: int) -> None:
+        """One verified row: `accepted` of its `draft_len` drafts, behind a match of `match_len`."""
+        if draft_len <= 0 or match_len <= 0:
+            return
+        m = match_bucket(match_len)
+        reached = min(accepted + 1, draft_len, self.max_positions)
+        self.reached[m, :reached] += 1
+        self.accepted[m, :min(accepted, self.max_positions)] += 1

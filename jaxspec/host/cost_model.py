@@ -1,0 +1,116 @@
+"""The step-cost model: seconds of one jitted step by (batch rows, K, context bucket).
+
+Measured, not assumed: the executor records the wall time of every step that compiled nothing
+under its (rows bucket, K, context bucket) key, and the model keeps the median of the last
+`WINDOW` samples. A key never measured is estimated from its neighbours: from the other widths
+measured at the same (rows, context) by a least-squares line in K, else from a prior slope
+(`PRIOR_SLOPE`, a verify position costing 13% of a plain step: the CPU figure for SmolLM2) scaled
+to whatever was measured there. Only ratios between widths at one (rows, context) steer a
+decision, so a wrong absolute scale costs nothing.
+
+The model is kept per model and machine in a JSON file (`default_path`), loaded at start and saved
+as it learns; `jaxspec profile` fills it for every bucket and prints it.
+"""
+
+import collections
+import json
+import os
+import pathlib
+import platform
+import statistics
+
+import numpy as np
+
+WINDOW = 16                  # samples kept per key; the median resists noisy neighbours
+PRIOR_SLOPE = 0.13           # extra cost per verified position, relative to a plain step
+MIN_CONTEXT_BUCKET = 128
+SAVE_EVERY = 64              # new samples between saves
+
+
+def context_bucket(tokens: int) -> int:
+    """Power-of-two bucket of a batch's longest live context (attention reads what is live)."""
+    bucket = MIN_CONTEXT_BUCKET
+    while bucket < tokens:
+        bucket *= 2
+    return bucket
+
+
+def default_path(model_key: str) -> pathlib.Path:
+    """Where a model's cost model lives on this machine: `<model_key>-<machine>.json` in
+    `$JAXSPEC_COST_CACHE`, else `$JAXSPEC_CACHE/cost`, else ~/.cache/jaxspec/cost."""
+    import jax
+
+    root = os.environ.get("JAXSPEC_COST_CACHE")
+    if not root:
+        root = pathlib.Path(os.environ.get("JAXSPEC_CACHE") or pathlib.Path.home() / ".cache"
+                            / "jaxspec") / "cost"
+    device = jax.devices()[0]
+    machine = f"{platform.machine()}-{os.cpu_count()}cpu-{device.platform}-{device.device_kind}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{model_key}-{machine}")
+    return pathlib.Path(root) / f"{safe}.json"
+
+
+class StepCostModel:
+    """Step seconds by (rows, k, context bucket), learned online.
+
+    Args:
+      path: the JSON file to load from and save to, or None to keep it in memory only.
+    """
+
+    def __init__(self, path: pathlib.Path | None = None):
+        self.path = path
+        self._samples: dict[tuple[int, int, int], collections.deque] = {}
+        self._unsaved = 0
+        if path is not None and path.is_file():
+            for key, values in json.loads(path.read_text()).items():
+                rows, k, context = map(int, key.split(","))
+                self._samples[rows, k, context] = collections.deque(values, maxlen=WINDOW)
+
+    def observe(self, rows: int, k: int, context: int, seconds: float) -> None:
+        """One measured step (compilation excluded) of `rows` rows, width `k`, at `context`."""
+        key = (rows, k, context_bucket(context))
+        self._samples.setdefault(key, collections.deque(maxlen=WINDOW)).append(float(seconds))
+        self._unsaved += 1
+        if self._unsaved >= SAVE_EVERY:
+            self.save()
+
+    def measured(self, rows: int, k: int, context: int) -> float | None:
+        """The median of the samples under this key, or None."""
+        samples = self._samples.get((rows, k, context_bucket(context)))
+        return statistics.median(samples) if samples else None
+
+    def costs(self, rows: int, context: int, widths) -> np.ndarray:
+        """f64[len(widths)] estimated seconds of a step at each width (relative units where
+        nothing at this (rows, context) was measured)."""
+        bucket = context_bucket(context)
+        known = {k: statistics.median(s) for (r, k, c), s in self._samples.items()
+                 if r == rows and c == bucket and s}
+        widths = np.asarray(widths, np.float64)
+        if len(known) >= 2:
+            ks, ts = np.asarray(list(known)), np.asarray(list(known.values()))
+            slope, intercept = np.polyfit(ks, ts, 1)
+            slope = max(slope, 0.0)                     # more positions never cost less
+            estimate = intercept + slope * widths
+        elif known:
+            (k0, t0), = known.items()
+            estimate = t0 * (1 + PRIOR_SLOPE * widths) / (1 + PRIOR_SLOPE * k0)
+        else:
+            estimate = 1 + PRIOR_SLOPE * widths
+        exact = np.asarray([known.get(int(k), np.nan) for k in widths])
+        return np.where(np.isnan(exact), np.maximum(estimate, 1e-9), exact)
+
+    def table(self) -> list[tuple[int, int, int, float, int]]:
+        """(rows, k, context bucket, median seconds, samples) for every measured key, sorted."""
+        return sorted((r, k, c, statistics.median(s), len(s))
+                      for (r, k, c), s in self._samples.items() if s)
+
+    def save(self) -> None:
+        """Writes the samples to `path` (atomically); nothing without a path."""
+        self._unsaved = 0
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({f"{r},{k},{c}": list(s)
+                                   for (r, k, c), s in sorted(self._samples.items())}))
+        os.replace(tmp, self.path)

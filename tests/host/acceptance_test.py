@@ -1,0 +1,57 @@
+"""The acceptance predictor: buckets, the expected-accepted curve, online calibration."""
+
+import numpy as np
+import pytest
+
+from jaxspec.host import acceptance
+
+
+@pytest.mark.parametrize("match_len, bucket", [
+    (0, 0), (1, 0), (2, 1), (3, 2), (4, 3), (5, 3), (6, 4), (8, 5), (11, 5), (12, 6), (16, 7),
+    (31, 8), (32, 9), (1000, 9)])
+def test_match_buckets(match_len, bucket):
+    assert acceptance.match_bucket(match_len) == bucket
+
+
+def test_expected_accepted_is_the_sum_of_reach_probabilities():
+    predictor = acceptance.AcceptancePredictor(max_positions=4)
+    p = predictor.probabilities(2)
+    assert np.allclose(p, acceptance.PRIOR_MEAN[1])
+    curve = predictor.expected_accepted(2, draft_len=3)
+    want = [0, p[0], p[0] + p[0] * p[1], p[0] + p[0] * p[1] + p[0] * p[1] * p[2]]
+    np.testing.assert_allclose(curve[:4], want)
+    assert curve[4] == curve[3]                       # nothing past the real draft
+    assert curve.shape == (5,)
+
+
+def test_longer_matches_are_predicted_to_be_accepted_more():
+    predictor = acceptance.AcceptancePredictor(max_positions=8)
+    curves = [predictor.expected_accepted(m, 8)[-1] for m in (1, 2, 4, 8, 16, 64)]
+    assert curves == sorted(curves)
+
+
+def test_calibration_follows_what_is_observed():
+    predictor = acceptance.AcceptancePredictor(max_positions=4)
+    # Matches of 3 are always fully accepted here: p -> 1 at every position.
+    for _ in range(400):
+        predictor.observe(3, draft_len=4, accepted=4)
+    assert np.all(predictor.probabilities(3) > 0.98)
+    # Matches of 1 never: p[0] -> 0; later positions are never reached, so keep their prior.
+    for _ in range(400):
+        predictor.observe(1, draft_len=4, accepted=0)
+    p = predictor.probabilities(1)
+    assert p[0] < 0.01 and np.allclose(p[1:], acceptance.PRIOR_MEAN[0])
+
+
+def test_observe_counts_reached_positions_only():
+    predictor = acceptance.AcceptancePredictor(max_positions=6)
+    before_r, before_a = predictor.reached.copy(), predictor.accepted.copy()
+    predictor.observe(5, draft_len=4, accepted=2)      # positions 0, 1 accepted, 2 rejected
+    m = acceptance.match_bucket(5)
+    np.testing.assert_array_equal(predictor.reached[m] - before_r[m], [1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(predictor.accepted[m] - before_a[m], [1, 1, 0, 0, 0, 0])
+    predictor.observe(5, draft_len=3, accepted=3)      # all accepted: no rejection to count
+    np.testing.assert_array_equal(predictor.reached[m] - before_r[m], [2, 2, 2, 0, 0, 0])
+    predictor.observe(0, draft_len=3, accepted=0)      # no match: nothing to learn
+    predictor.observe(4, draft_len=0, accepted=0)
+    np.testing.assert_array_equal(predictor.reached[m] - before_r[m], [2, 2, 2, 0, 0, 0])
