@@ -1,10 +1,10 @@
-"""`jaxspec bench`: every decoding method side by side on one workload, in one process and one run.
+"""Every decoding method side by side on one workload, in one process and one run.
 
     python -m benchmarks.harness --workload code_editing --n 4 --max-new-tokens 128
-    jaxspec bench --workload mtbench --batch-size 4 --methods sa,auto --json
-    jaxspec bench sweep --batch-sizes 1,2,4,8      # the batch sweep: benchmarks.sweep
-    jaxspec bench plain-vs-hf                      # greedy, jaxspec vs HF: benchmarks.plain_vs_hf
-    jaxspec bench all                              # what `make bench` runs: benchmarks.run_all
+    python -m benchmarks.harness --workload mtbench --batch-size 4 --methods sa,auto --json
+    python -m benchmarks.harness sweep --batch-sizes 1,2,4,8   # the batch sweep: benchmarks.sweep
+    python -m benchmarks.harness plain-vs-hf       # greedy, jaxspec vs HF: benchmarks.plain_vs_hf
+    python -m benchmarks.harness all               # what `make bench` runs: benchmarks.run_all
 
 Methods, on the same prompt token ids and the same model (SmolLM2-135M-Instruct):
   plain      jaxspec without speculation: the reference for speed and for tokens (always runs)
@@ -386,7 +386,8 @@ def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jaxspec bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="code_editing", choices=list(workloads.WORKLOADS))
     parser.add_argument("--n", type=int, default=4, help="conversations from the workload")
     parser.add_argument("--batch-size", type=int, default=1)

@@ -1,7 +1,7 @@
 """Batch sweep: the suffix automaton with a draft-length schedule, with a fixed K, and not at all.
 
     python -m benchmarks.sweep --workload humaneval --batch-sizes 1,2,4,8,16,32 --max-new-tokens 64
-    jaxspec bench sweep --batch-sizes 1,2,4 --plots benchmarks/plots --write
+    python -m benchmarks.sweep --batch-sizes 1,2,4 --plots benchmarks/plots --write
 
 At batch size B the first B prompts of the workload run as one batch (the engine's
 max_batch_size is B), once with each method:
