@@ -1,6 +1,8 @@
 """The engine on the tiny model: plain greedy equals the uncached argmax loop, bad input changes
 nothing, stop tokens, cancellation, and bounded compilation."""
 
+import chex
+import jax
 import numpy as np
 import pytest
 
@@ -102,42 +104,35 @@ def test_stream_yields_token_ids_without_tokenizer(uncached_greedy):
     assert engine.last_stats["generated_tokens"] == 10
 
 
-def test_compiles_once_per_bucket():
-    """A mix of prompt lengths and batch sizes compiles each bucket once; a rerun (even in a new
-    engine over the same model) compiles nothing."""
-    mixes = [prompts(7, [3]), prompts(8, [20, 5, 9]), prompts(9, [31, 2]), prompts(10, [6])]
+def _limit_traces(monkeypatch, *, steps: int, prefills: int):
+    """Swaps the jitted step and prefill for copies that fail when traced more than the limits."""
+    for name, limit, donated in (("step", steps, ("kv", "sa", "buf")),
+                                 ("prefill", prefills, ("kv",))):
+        fn = chex.assert_max_traces(getattr(step_lib, name).__wrapped__, n=limit)
+        monkeypatch.setattr(step_lib, name, jax.jit(fn, static_argnames=("cfg",),
+                                                    donate_argnames=donated))
 
-    def run():
+
+def test_compiles_once_per_bucket(monkeypatch):
+    """A mix of prompt lengths and batch sizes compiles each bucket once, whatever the lengths;
+    a rerun (even in a new engine over the same model) compiles nothing."""
+    mixes = [prompts(7, [3]), prompts(8, [20, 5, 9]), prompts(9, [31, 2]), prompts(10, [6])]
+    # Decode buckets: rows {1, 2, 4}; prefill: rows {1, 2, 4} x chunk widths {16, 32}.
+    _limit_traces(monkeypatch, steps=3, prefills=3 * 2)
+    for _ in range(2):
         engine = engine_lib.Engine(MODEL, spec="none", scheduler=CONFIG)
         for batch in mixes:
             engine.generate_batch(batch, max_new_tokens=12)
 
-    def compiled():
-        return step_lib.prefill._cache_size(), step_lib.step._cache_size()
 
-    step_lib.prefill.clear_cache()
-    step_lib.step.clear_cache()
-    run()
-    first = compiled()
-    run()
-    assert compiled() == first
-    # Decode buckets: rows {1, 2, 4} x page-table widths {2, 4}; prefill: rows x chunk widths.
-    assert first[1] <= 3 * 2
-    assert first[0] <= 3 * 2
-
-
-def test_user_buckets_bound_the_compiled_shapes():
-    """With batch_buckets=(4,) and one prefill bucket, every call pads to those shapes."""
+def test_user_buckets_bound_the_compiled_shapes(monkeypatch):
+    """With batch_buckets=(4,) and one prefill bucket, every call pads to those shapes: one
+    compilation of each, for prompts and sequences of any length."""
     config = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=96, page_size=8,
                                            max_num_tokens=128, prefill_chunk=32,
                                            batch_buckets=(4,), prefill_buckets=(32,))
     engine = engine_lib.Engine(MODEL, spec="none", scheduler=config)
     assert engine.executor.batch_buckets == (4,)
-    step_lib.prefill.clear_cache()
-    step_lib.step.clear_cache()
-    for batch in (prompts(11, [3]), prompts(12, [20, 5, 9])):
+    _limit_traces(monkeypatch, steps=1, prefills=1)
+    for batch in (prompts(11, [3]), prompts(12, [20, 5, 9]), prompts(13, [70])):
         engine.generate_batch(batch, max_new_tokens=6)
-    # Every call has 4 rows and 32-token chunks; only the page-table width still varies: prefill
-    # spans 3 and 20 tokens (1 and 4 pages), decode spans prompt + 6 + 1 = 10 and 27 (2 and 4).
-    assert step_lib.prefill._cache_size() == 2
-    assert step_lib.step._cache_size() == 2
