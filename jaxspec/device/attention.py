@@ -18,6 +18,8 @@ parts, cached slots (c) and new tokens (n), are merged by log-sum-exp:
     out = (acc_c e^(m_c - m) + acc_n e^(m_n - m)) / (l_c e^(m_c - m) + l_n e^(m_n - m))
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,13 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # min of 15): 16 pages 2.6 ms at 128 cached tokens, 26 ms at 4k; 64 pages 4.8 and 17 ms; 128 pages
 # 8.7 and 17 ms. 64 costs one 1024-slot block at short contexts and no more at long ones.
 DECODE_PAGES_PER_BLOCK = 64
+# The last, partial block of the longest row runs in blocks of this many pages (or the largest
+# divisor of pages_per_block below it). At 128 cached tokens a whole 64-page block cost 2.8x a
+# 16-page one at T = 1 and 3.7x at T = 6; 8 pages saved nothing more at 128 and lost at 1000.
+TAIL_PAGES_PER_BLOCK = 16
+# Prompt chunks attend to their own tokens in query tiles of this many tokens, each over the keys
+# up to its last token: 5/8 of the dense causal work at T = 512, 17/32 at 2048.
+NEW_TOKEN_TILE = 128
 # Many query rows (prompt chunks): compute-bound; 16 pages keep the score block of a 512-token
 # chunk ([Hkv, G * 512, 256] f32, 4.7 MB) small; 8 to 32 measured the same, 64 slower.
 PREFILL_PAGES_PER_BLOCK = 16
@@ -56,9 +65,10 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Online-softmax partials of attention over each row's cached slots.
 
-    The XLA implementation: a loop over blocks of `pages_per_block` page-table columns that runs
-    `ceil(max(lengths) / (pages_per_block * S))` times, so its cost follows the longest live row
-    whatever the table's width. Each block's pages are gathered straight from the all-layer arrays
+    The XLA implementation: a loop over the whole blocks of `pages_per_block` page-table columns
+    below the longest row's length, then a loop over the rest in blocks of TAIL_PAGES_PER_BLOCK
+    pages; both trip counts are traced values, so the cost follows the longest live row whatever
+    the table's width. Each block's pages are gathered straight from the all-layer arrays
     (`kv_cache.gather_layer`).
 
     Args:
@@ -76,7 +86,6 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
       Rows without cached keys have acc = 0 and l = 0.
     """
     b, hkv, nq, d = q.shape
-    block = pages_per_block * k_pages.shape[2]
     rows = hkv * nq
     if rows <= BLOCK_DIAGONAL_MAX_ROWS:
         # qd[b, h * Q + i, h' * D + e] = q[b, h, i, e] if h == h' else 0, so a key row of all heads
@@ -86,10 +95,10 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
         qd = (q[:, :, :, None, :] * eye[None, :, None, :, None]).reshape(b, rows, hkv * d)
 
         def scores(k):                                                 # [B, rows, block]
-            return jnp.einsum("bnc,bkc->bnk", qd, k.reshape(b, block, hkv * d))
+            return jnp.einsum("bnc,bkc->bnk", qd, k.reshape(b, -1, hkv * d))
 
         def weighted(p, v):                                            # [B, rows, Hkv * D]
-            return jnp.einsum("bnk,bkc->bnc", p, v.reshape(b, block, hkv * d))
+            return jnp.einsum("bnk,bkc->bnc", p, v.reshape(b, -1, hkv * d))
 
         def finish(acc):
             return jnp.sum(acc.reshape(b, hkv, nq, hkv, d) * eye[None, :, None, :, None], axis=3)
@@ -97,10 +106,10 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
         acc_width = hkv * d
     else:
         def scores(k):
-            return jnp.einsum("bhqd,bkhd->bhqk", q, k).reshape(b, rows, block)
+            return jnp.einsum("bhqd,bkhd->bhqk", q, k).reshape(b, rows, -1)
 
         def weighted(p, v):
-            return jnp.einsum("bhqk,bkhd->bhqd", p.reshape(b, hkv, nq, block), v).reshape(
+            return jnp.einsum("bhqk,bkhd->bhqd", p.reshape(b, hkv, nq, -1), v).reshape(
                 b, rows, d)
 
         def finish(acc):
@@ -108,33 +117,83 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
 
         acc_width = d
 
-    # Whole blocks of columns: the padding points at the null page, masked like any slot past the
-    # length.
+    # The table padded to whole blocks with the null page (masked like any slot past the length).
+    page_size = k_pages.shape[2]
     table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % pages_per_block)),
                     constant_values=kv_cache.NULL_PAGE)
-    num_blocks = jnp.minimum((jnp.max(lengths) + block - 1) // block,
-                             table.shape[1] // pages_per_block)
+    max_len = jnp.minimum(jnp.max(lengths), table.shape[1] * page_size)
 
-    def body(i, carry):
-        acc, m, l = carry
-        pages = jax.lax.dynamic_slice_in_dim(table, i * pages_per_block, pages_per_block, axis=1)
-        k = kv_cache.gather_layer(k_pages, layer, pages).astype(jnp.float32)  # [B, block, Hkv, D]
-        v = kv_cache.gather_layer(v_pages, layer, pages).astype(jnp.float32)
-        cached = i * block + jnp.arange(block)[None, :] < lengths[:, None]    # [B, block]
-        s = jnp.where(cached[:, None, :], scores(k), MASK_VALUE)
-        m_next = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m_next[..., None])
-        alpha = jnp.exp(m - m_next)
-        return (alpha[..., None] * acc + weighted(p, v), m_next,
-                alpha * l + jnp.sum(p, axis=-1))
+    def blocks(carry, start, stop, pages: int):
+        """Folds blocks start..stop-1 of `pages` pages each into the partials."""
+        block = pages * page_size
 
-    init = (jnp.zeros((b, rows, acc_width), jnp.float32),
-            jnp.full((b, rows), MASK_VALUE, jnp.float32), jnp.zeros((b, rows), jnp.float32))
-    acc, m, l = jax.lax.fori_loop(0, num_blocks, body, init)
+        def body(i, carry):
+            acc, m, l = carry
+            cols = jax.lax.dynamic_slice_in_dim(table, i * pages, pages, axis=1)
+            k = kv_cache.gather_layer(k_pages, layer, cols).astype(jnp.float32)  # [B,blk,Hkv,D]
+            v = kv_cache.gather_layer(v_pages, layer, cols).astype(jnp.float32)
+            cached = i * block + jnp.arange(block)[None, :] < lengths[:, None]   # [B, block]
+            s = jnp.where(cached[:, None, :], scores(k), MASK_VALUE)
+            m_next = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_next[..., None])
+            alpha = jnp.exp(m - m_next)
+            return (alpha[..., None] * acc + weighted(p, v), m_next,
+                    alpha * l + jnp.sum(p, axis=-1))
+
+        return jax.lax.fori_loop(start, stop, body, carry)
+
+    # Every whole block below the longest length, then the rest in blocks of `tail` pages: the
+    # cost follows the length to within `tail` pages, without a long loop of small blocks.
+    tail = math.gcd(pages_per_block, TAIL_PAGES_PER_BLOCK)
+    whole = max_len // (pages_per_block * page_size)
+    carry = (jnp.zeros((b, rows, acc_width), jnp.float32),
+             jnp.full((b, rows), MASK_VALUE, jnp.float32), jnp.zeros((b, rows), jnp.float32))
+    carry = blocks(carry, 0, whole, pages_per_block)
+    acc, m, l = blocks(carry, whole * (pages_per_block // tail),
+                       (max_len + tail * page_size - 1) // (tail * page_size), tail)
     # A row without cached keys saw only masked scores, and exp(MASK - MASK) = 1 counted them.
     has_keys = (lengths > 0)[:, None]
     acc = finish(jnp.where(has_keys[..., None], acc, 0.0))
     return acc, m.reshape(b, hkv, nq), jnp.where(has_keys, l, 0.0).reshape(b, hkv, nq)
+
+
+def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups: int
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Online-softmax partials of each new query over the new keys at or before its position.
+
+    Queries run in tiles of NEW_TOKEN_TILE tokens, each over the keys up to its last token only,
+    so a long prompt chunk skips most of the causal mask's upper triangle.
+
+    Args:
+      q: f32[B, Hkv, G * T, D] queries grouped by KV head (row g * T + t), scaled.
+      k, v: f32[B, Hkv, T, D] the new keys and values.
+      num_groups: G.
+
+    Returns:
+      (acc f32[B, Hkv, G * T, D], m f32[B, Hkv, G * T], l f32[B, Hkv, G * T]) as in
+      `cached_attention`.
+    """
+    b, hkv, _, d = q.shape
+    t = k.shape[2]
+    q = q.reshape(b, hkv, num_groups, t, d)
+    tiles = []
+    for start in range(0, t, NEW_TOKEN_TILE):
+        stop = min(start + NEW_TOKEN_TILE, t)
+        n = num_groups * (stop - start)
+        s = jnp.einsum("bhqd,bhud->bhqu", q[:, :, :, start:stop].reshape(b, hkv, n, d),
+                       k[:, :, :stop])                                     # [B, Hkv, n, stop]
+        query_pos = jnp.tile(jnp.arange(start, stop), num_groups)          # row g*c + i -> start+i
+        causal = jnp.arange(stop)[None, :] <= query_pos[:, None]           # [n, stop]
+        s = jnp.where(causal[None, None], s, MASK_VALUE)
+        m = jnp.max(s, axis=-1)
+        p = jnp.exp(s - m[..., None])
+        acc = jnp.einsum("bhqu,bhud->bhqd", p, v[:, :, :stop])
+        tiles.append((acc.reshape(b, hkv, num_groups, stop - start, d),
+                      m.reshape(b, hkv, num_groups, stop - start),
+                      jnp.sum(p, axis=-1).reshape(b, hkv, num_groups, stop - start)))
+    acc, m, l = (jnp.concatenate(parts, axis=3) for parts in zip(*tiles))
+    return (acc.reshape(b, hkv, num_groups * t, d), m.reshape(b, hkv, num_groups * t),
+            l.reshape(b, hkv, num_groups * t))
 
 
 def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cache.KVPages,
@@ -159,15 +218,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
     kn = jnp.transpose(k_new, (0, 2, 1, 3))                              # [B, Hkv, T, D]
     vn = jnp.transpose(v_new, (0, 2, 1, 3))
 
-    s_new = jnp.einsum("bhqd,bhud->bhqu", qh, kn)                         # [B, Hkv, G*T, T]
-    query_pos = jnp.tile(jnp.arange(t), g)                                 # row g*T + t -> t
-    causal = jnp.arange(t)[None, :] <= query_pos[:, None]                  # [G*T, T]
-    s_new = jnp.where(causal[None, None], s_new, MASK_VALUE)
-    m_new = jnp.max(s_new, axis=-1)
-    p_new = jnp.exp(s_new - m_new[..., None])
-    acc_new = jnp.einsum("bhqu,bhud->bhqd", p_new, vn)
-    l_new = jnp.sum(p_new, axis=-1)
-
+    acc_new, m_new, l_new = new_token_attention(qh, kn, vn, num_groups=g)
     acc, m, l = cached_attention(qh, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
                                  pages_per_block=pages_per_block(hkv, g * t))
     m_all = jnp.maximum(m, m_new)

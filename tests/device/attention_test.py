@@ -56,7 +56,7 @@ class CachedAttentionTest(parameterized.TestCase):
     @parameterized.product(
         heads=[(1, 1), (2, 3), (3, 3)],          # (Hkv, G)
         t=[1, 5, 12],                            # Hkv * G * T from 1 to 108: both formulations
-        pages_per_block=[1, 3],
+        pages_per_block=[1, 3, 32],              # 32: a tail of 16-page blocks
         dtype=["float32", "bfloat16"],
     )
     def test_matches_dense_reference(self, heads, t, pages_per_block, dtype):
@@ -118,12 +118,12 @@ def _reference_attention(q, k_new, v_new, kv, table, lengths):
     return np.einsum("bhtk,bkhd->bthd", p, values)
 
 
-@pytest.mark.parametrize("t", [1, 6, 40])      # decode, verify, a prompt chunk
+@pytest.mark.parametrize("t", [1, 6, 40, 300])  # decode, verify, prompt chunks (300: 3 tiles)
 @pytest.mark.parametrize("heads", [(2, 2), (3, 3)])
 def test_paged_attention_matches_dense_reference(t, heads):
     hkv, g = heads
     page_size, cols, d = 2, 80, 8                # 160 slots: past both block sizes' boundaries
-    lengths = np.asarray([0, 1, 31, 32, 33, 127, 128, 129, 160 - t], np.int32)
+    lengths = np.asarray([0, 1, 31, 32, 33, 127, 128, 129, 160], np.int32)
     b = len(lengths)
     rng = np.random.default_rng(t * 10 + hkv)
     num_pages = b * cols + 1
