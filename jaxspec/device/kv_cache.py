@@ -61,28 +61,19 @@ class KVPages:
 class CacheView:
     """Which cache slots each batch row reads and writes in one forward.
 
-    Widths are static: writes may go anywhere in the table's `P` columns, attention reads the
-    first `read_cols` columns (`read_cols * page_size` cached slots per row). The host picks both
-    from small buckets: `read_cols` covers the longest cached length and is 0 when nothing is
-    cached yet (a first prompt chunk), which skips the cached block of attention altogether.
+    The table's width is a static compile bucket (the host gives every call the same lifetime
+    width); what a forward reads follows `lengths`, not the width (see attention.py).
 
     Attributes:
       page_table: i32[B, P] pages of each row's sequence; NULL_PAGE where unallocated.
       lengths: i32[B] tokens already cached per row (position of the first new token).
       num_new: i32[B] valid new tokens per row, <= T; the rest are padding and are never written.
         A padding row has num_new = 0.
-      read_cols: static, <= P: page-table columns attention reads (None: all P).
     """
 
     page_table: jax.Array
     lengths: jax.Array
     num_new: jax.Array
-    read_cols: int | None = flax.struct.field(pytree_node=False, default=None)
-
-    @property
-    def read_table(self) -> jax.Array:
-        """i32[B, read_cols] the columns attention reads."""
-        return self.page_table[:, :self.read_cols]
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
@@ -93,7 +84,7 @@ def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads:
 
 
 def gather_layer(pages: jax.Array, layer: int, page_table: jax.Array) -> jax.Array:
-    """One layer's cached slots of every row, in position order.
+    """One layer's slots of the pages in `page_table` (a row's pages, or a block of them), in order.
 
     Indexes layer and pages in one gather, so only the gathered pages are read (slicing the layer
     out first would copy all of its pages).
@@ -104,7 +95,7 @@ def gather_layer(pages: jax.Array, layer: int, page_table: jax.Array) -> jax.Arr
       page_table: i32[B, P].
 
     Returns:
-      f32[B, P * page_size, H, D]; slot s of row b holds position s (valid for s < lengths[b]).
+      [B, P * page_size, H, D]; slot s of row b is slot s of its pages' concatenation.
     """
     b, p = page_table.shape
     _, _, page_size, h, d = pages.shape

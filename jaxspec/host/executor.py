@@ -103,10 +103,6 @@ def model_key(model) -> str:
             f"-V{model.vocab_size}-P{params}")
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 class Executor:
     """Continuous batching with optional speculation over one model.
 
@@ -148,6 +144,9 @@ class Executor:
         self.graphdef, self.params = nnx.split(model)
         self.vocab_size = model.vocab_size
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
+        # Every page table is as wide as the longest sequence allowed: one width per compiled
+        # bucket. Attention reads only up to each row's length, whatever the width.
+        self.table_cols = scheduler_config.pages_per_seq(max_k)
         self.batch_buckets = schedule_lib.batch_buckets(
             scheduler_config.max_batch_size, self.policy.draft_len_schedule,
             scheduler_config.batch_buckets)
@@ -381,26 +380,16 @@ class Executor:
             top_p=np.asarray([x.top_p for x in p] + [1.0] * pad, np.float32),
             seed=np.asarray([x.seed for x in p] + [0] * pad, np.int32))
 
-    def _cols(self, num_tokens: int) -> int:
-        """Page-table width bucket covering `num_tokens` slots: a power of two, capped."""
-        if num_tokens <= 0:
-            return 0
-        max_cols = self.config.pages_per_seq(self.policy.max_draft_len)
-        return min(_pow2_at_least(self.scheduler.allocator.pages_for(num_tokens)), max_cols)
-
-    def _view(self, reqs, rows: int, lengths, num_new, span: int) -> kv_cache.CacheView:
-        """Rows' page tables, `span` slots wide (rounded up to a bucket). Attention reads all of
-        it, unless nothing is cached yet (first prompt chunks): then it reads nothing. One read
-        width per table width keeps the compile count at one per bucket."""
-        cols = self._cols(span)
-        table = np.zeros((rows, cols), np.int32)
+    def _view(self, reqs, rows: int, lengths, num_new) -> kv_cache.CacheView:
+        """Rows' page tables (`table_cols` wide), lengths and valid new tokens; padding rows
+        after the requests."""
+        table = np.zeros((rows, self.table_cols), np.int32)
         for i, r in enumerate(reqs):
-            table[i] = r.pages.table_row(cols)
+            table[i] = r.pages.table_row(self.table_cols)
         pad = rows - len(reqs)
-        return kv_cache.CacheView(page_table=np.asarray(table),
+        return kv_cache.CacheView(page_table=table,
                                   lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
-                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
-                                  read_cols=cols if max(lengths) else 0)
+                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32))
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first
@@ -412,8 +401,7 @@ class Executor:
         for i, c in enumerate(chunks):
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
-        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks],
-                          span=max(c.start + c.length for c in chunks))
+        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
         self.state, first = step_lib.prefill(
             self.params, self.state, tokens, view, self._sampling_arrays(reqs, rows),
             cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
@@ -438,12 +426,8 @@ class Executor:
         return events
 
     def _run(self, plan: _Plan) -> step_lib.StepOutputs:
-        # The table spans each row's whole lifetime, so a decoding batch never crosses into a
-        # new (uncompiled) width: no compilation in steady-state decoding.
         reqs, pad = plan.requests, plan.rows - len(plan.requests)
-        view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs),
-                          span=max(r.max_sequence_length for r in reqs)
-                          + 1 + self.policy.max_draft_len)
+        view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs))
         inputs = step_lib.StepInputs(
             last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
