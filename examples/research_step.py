@@ -61,7 +61,7 @@ def main(argv=None):
     # 2) Prefill the prompt; the chosen token is the first generated one.
     view = kv_cache.CacheView(page_table=page_table, lengths=jnp.zeros(1, jnp.int32),
                               num_new=jnp.asarray([len(prompt)], jnp.int32))
-    state, first = step_lib.prefill(params, state, jnp.asarray([prompt], jnp.int32), view,
+    state, first, _ = step_lib.prefill(params, state, jnp.asarray([prompt], jnp.int32), view,
                                     greedy, cfg=cfg)
     tokens, length = list(prompt) + [int(first[0])], len(prompt)      # length = tokens cached
 

@@ -36,6 +36,10 @@ def _add_generate(sub):
                    help=f"draft tokens per step for sa/ngram "
                         f"(default {engine_lib.DEFAULT_DRAFT_LEN})")
     p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="weights and activations (default: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="the KV cache (default: as --dtype)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="concurrent requests (default: the number of prompts, at most 8); AUTO "
                         "picks its draft length from it")
@@ -144,7 +148,7 @@ def _generate(args) -> int:
     spec = engine_lib.spec_from_name(args.spec, args.max_draft_len)
     _enable_compile_cache(args.compile_cache)
     engine = engine_lib.Engine.load(
-        args.model, spec=spec,
+        args.model, spec=spec, dtype=args.dtype, kv_dtype=args.kv_dtype,
         scheduler=scheduler_lib.SchedulerConfig(
             max_batch_size=args.max_batch_size or min(len(prompts), 8),
             max_seq_len=args.max_seq_len))

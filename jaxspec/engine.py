@@ -21,6 +21,7 @@ from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import executor as executor_lib
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
+from jaxspec.models import precision
 
 SPEC_NAMES = ("none", "sa", "ngram", "auto")
 DEFAULT_DRAFT_LEN = 5
@@ -51,12 +52,18 @@ class Generation:
       text: their decoded text (the stop token left out), or None without a tokenizer.
       finish_reason: "stop", "length" or "cancelled".
       stats: the request's speculation counters.
+      margins: with `Engine(record_margins=True)`, per token the target's top-1 minus top-2
+        logit behind it; else None.
+      windows: likewise, per token (verify step, index in the step's window, K); step 0 is
+        the prefill.
     """
 
     token_ids: list[int]
     text: str | None
     finish_reason: str
     stats: dict
+    margins: list[float] | None = None
+    windows: list[tuple[int, int, int]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,12 @@ class Engine:
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
       cost_model: the step-cost model adaptive K decides with (`jaxspec.host.cost_model`);
         default: the one kept for this model and machine under the cache directory.
+      dtype: cast the model's weights and activations to "float32" or "bfloat16" (a copy; None
+        keeps the model as it is). `Engine.load` defaults to float32 on CPU, bfloat16 on an
+        accelerator. Logits, sampling and verification stay float32.
+      kv_dtype: the KV cache's dtype (None: the model's).
+      record_margins: keep each output token's top-1 minus top-2 logit and verify window
+        (`Generation.margins` / `.windows`; `benchmarks.equivalence` reads them).
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
@@ -92,12 +105,15 @@ class Engine:
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
                  sa_implementation: str | None = None,
-                 cost_model: cost_model_lib.StepCostModel | None = None):
-        self.model = model
+                 cost_model: cost_model_lib.StepCostModel | None = None,
+                 dtype=None, kv_dtype=None, record_margins: bool = False):
+        self.model = model if dtype is None else precision.cast(model, dtype)
+        self.kv_dtype = None if kv_dtype is None else precision.resolve(kv_dtype)
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
         self.sa_implementation = sa_implementation
         self.cost_model = cost_model
+        self.record_margins = record_margins
         self.last_stats: dict | None = None
         self._spec = None
         self._enhancer = None
@@ -105,11 +121,12 @@ class Engine:
         self.set_spec(spec, enhancer=enhancer)
 
     @classmethod
-    def load(cls, path: str | None = None, **kwargs) -> "Engine":
-        """An engine over a GGUF file or HF-layout directory (None = the embedded SmolLM2)."""
+    def load(cls, path: str | None = None, *, dtype=None, **kwargs) -> "Engine":
+        """An engine over a GGUF file or HF-layout directory (None = the embedded SmolLM2), its
+        weights in `dtype` (None: float32 on CPU, bfloat16 on an accelerator)."""
         from jaxspec import models
 
-        model, tokenizer = models.load(path)
+        model, tokenizer = models.load(path, dtype=dtype)
         return cls(model, tokenizer, **kwargs)
 
     def set_spec(self, spec, *, enhancer: config_lib.SAEnhancerConfig | None = None):
@@ -128,7 +145,8 @@ class Engine:
         self._executor = None              # free the old cache before allocating the new one
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
-            sa_implementation=self.sa_implementation, cost_model=self.cost_model)
+            sa_implementation=self.sa_implementation, cost_model=self.cost_model,
+            kv_dtype=self.kv_dtype, record_margins=self.record_margins)
 
     @property
     def executor(self) -> executor_lib.Executor:
@@ -197,7 +215,8 @@ class Engine:
                 token_ids=list(r.output), text=self._text(r.output, stops),
                 finish_reason=r.finish_reason,
                 stats={"prompt_tokens": len(r.prompt), "generated_tokens": len(r.output),
-                       "verify_steps": r.steps, "drafted": r.drafted, "accepted": r.accepted}))
+                       "verify_steps": r.steps, "drafted": r.drafted, "accepted": r.accepted},
+                margins=r.margins, windows=r.windows))
         self.last_stats = self._executor.stats.summary()
         return BatchResult(generations=gens, stats=self.last_stats)
 

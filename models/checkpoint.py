@@ -43,9 +43,10 @@ def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray]) -> llama.LlamaForCausalLM:
-    """The model for `cfg` holding `params` (canonical layout; float32 copies on the default
-    device, so a memory-mapped cache file is read once, here).
+def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray],
+                dtype=np.float32) -> llama.LlamaForCausalLM:
+    """The model for `cfg` holding `params` (canonical layout), as `dtype` copies on the default
+    device, so a memory-mapped cache file is read and converted once, here.
 
     Raises:
       ValueError: a parameter is missing, unexpected, or has the wrong shape.
@@ -66,7 +67,7 @@ def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray]) -> llama.
     def value(path):
         name, layer = _canonical_name(".".join(map(str, path)))
         array = params[name] if layer is None else params[name][layer]
-        return jax.device_put(np.asarray(array, np.float32))
+        return jax.device_put(np.asarray(array, np.float32).astype(dtype))
 
     flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))

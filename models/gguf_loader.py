@@ -38,6 +38,7 @@ from tokenizers import pre_tokenizers
 
 from jaxspec.models import checkpoint
 from jaxspec.models import llama
+from jaxspec.models import precision
 from jaxspec.models import tokenizer as tokenizer_lib
 
 GGUF_MAGIC = b"GGUF"
@@ -80,11 +81,17 @@ def cache_entry(path: str | os.PathLike) -> pathlib.Path:
     return cache_root() / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-v{_CACHE_VERSION}"
 
 
-def load_gguf(path: str | os.PathLike) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
+def load_gguf(path: str | os.PathLike, dtype=None
+              ) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
     """Loads a Llama-family GGUF file, converting and caching it on first use.
 
+    Args:
+      path: the .gguf file.
+      dtype: the weights' dtype, "float32" or "bfloat16" (None: `precision.resolve`'s default
+        for this backend); the cache holds float32, converted once at load.
+
     Returns:
-      (model, tokenizer), the model's weights float32 on the default device.
+      (model, tokenizer), the model's weights on the default device.
 
     Raises:
       FileNotFoundError: `path` does not exist.
@@ -102,7 +109,7 @@ def load_gguf(path: str | os.PathLike) -> tuple[llama.LlamaForCausalLM, tokenize
     entry = cache_entry(path)
     if not entry.is_dir():
         _convert(path, entry)
-    return _load_entry(entry)
+    return _load_entry(entry, precision.resolve(dtype))
 
 
 def _convert(path: pathlib.Path, entry: pathlib.Path) -> None:
@@ -132,7 +139,8 @@ def _convert(path: pathlib.Path, entry: pathlib.Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_entry(entry: pathlib.Path) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
+def _load_entry(entry: pathlib.Path, dtype
+                ) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
     cfg = llama.LlamaConfig(**json.loads((entry / "config.json").read_text()))
     params = {f.stem: np.load(f, mmap_mode="r") for f in entry.glob("*.npy")}
     meta = json.loads((entry / "tokenizer_meta.json").read_text())
@@ -140,7 +148,7 @@ def _load_entry(entry: pathlib.Path) -> tuple[llama.LlamaForCausalLM, tokenizer_
         backend=tokenizers.Tokenizer.from_file(str(entry / "tokenizer.json")),
         bos_token_id=meta["bos_token_id"], add_bos=meta["add_bos"],
         eos_token_ids=tuple(meta["eos_token_ids"]), chat_template=meta["chat_template"])
-    return checkpoint.build_model(cfg, params), tok
+    return checkpoint.build_model(cfg, params, dtype), tok
 
 
 _REQUIRED = object()

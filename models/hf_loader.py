@@ -19,6 +19,7 @@ import tokenizers
 
 from jaxspec.models import checkpoint
 from jaxspec.models import llama
+from jaxspec.models import precision
 from jaxspec.models import tokenizer as tokenizer_lib
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
@@ -181,12 +182,17 @@ def tokenizer_from_hf(directory: pathlib.Path, config: dict) -> tokenizer_lib.To
                                    eos_token_ids=tuple(eos_ids), chat_template=template)
 
 
-def load_hf(directory: str | os.PathLike
+def load_hf(directory: str | os.PathLike, dtype=None
             ) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
     """Loads a Llama checkpoint directory in Hugging Face layout.
 
+    Args:
+      directory: `config.json`, `*.safetensors` and `tokenizer.json`.
+      dtype: the weights' dtype, "float32" or "bfloat16" (None: `precision.resolve`'s default
+        for this backend).
+
     Returns:
-      (model, tokenizer), the model's weights float32 on the default device.
+      (model, tokenizer), the model's weights on the default device.
 
     Raises:
       FileNotFoundError: the directory, its config.json, tokenizer.json or weights are missing.
@@ -210,7 +216,8 @@ def load_hf(directory: str | os.PathLike
     tensors = {}
     for f in files:
         tensors.update(read_safetensors(f))
-    return checkpoint.build_model(cfg, params_from_hf(tensors, cfg, directory)), tok
+    return checkpoint.build_model(cfg, params_from_hf(tensors, cfg, directory),
+                                  precision.resolve(dtype)), tok
 
 
 def _read_json(path: pathlib.Path) -> dict:

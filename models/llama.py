@@ -59,13 +59,17 @@ class LlamaConfig:
 
 
 class RMSNorm(nnx.Module):
+    """Root-mean-square norm, computed in float32 whatever the activations' dtype."""
+
     def __init__(self, dim: int, eps: float):
         self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
         self.eps = eps
 
     def __call__(self, x):
-        scale = self.weight[...].reshape((1,) * (x.ndim - 1) + (-1,))
-        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps) * scale
+        scale = self.weight[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * scale).astype(x.dtype)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -80,8 +84,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     angles = positions.astype(jnp.float32)[..., None] * inv_freq[None, None, :]   # [B, T, D/2]
     cos = jnp.cos(angles)[:, :, None, :]
     sin = jnp.sin(angles)[:, :, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 class DecoderLayer(nnx.Module):
@@ -133,16 +138,23 @@ class LlamaForCausalLM(nnx.Module):
         return self.cfg.vocab_size
 
     @property
+    def dtype(self) -> jnp.dtype:
+        """The weights' and activations' dtype (`jaxspec.models.precision.cast` sets it)."""
+        return self.embed.embedding[...].dtype
+
+    @property
     def cache_spec(self) -> model_lib.CacheSpec:
         return model_lib.CacheSpec(num_layers=self.cfg.num_layers,
                                    num_kv_heads=self.cfg.num_kv_heads,
                                    head_dim=self.cfg.resolved_head_dim,
-                                   max_context_len=self.cfg.max_position_embeddings)
+                                   max_context_len=self.cfg.max_position_embeddings,
+                                   dtype=self.dtype)
 
     def __call__(self, tokens, kv: kv_cache.KVPages, view: kv_cache.CacheView):
         t = tokens.shape[1]
         positions = view.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-        x = self.embed(tokens)
+        # nnx.Embed returns float32 whatever its table holds: the residual stream is the weights'.
+        x = self.embed(tokens).astype(self.dtype)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, positions, kv, i, view)
@@ -157,9 +169,10 @@ class LlamaForCausalLM(nnx.Module):
         return x, kv_cache.write(kv, jnp.stack(new_k), jnp.stack(new_v), view)
 
     def logits(self, hidden):
-        if self.lm_head is None:
-            return hidden @ self.embed.embedding[...].T
-        return self.lm_head(hidden)
+        """float32 logits, whatever the weights' dtype (accumulated in float32)."""
+        weight = (self.embed.embedding[...].T if self.lm_head is None
+                  else self.lm_head.kernel[...])
+        return jnp.dot(hidden, weight, preferred_element_type=jnp.float32)
 
 
 def param_count(model: nnx.Module) -> int:

@@ -33,29 +33,31 @@ def default_gguf_path() -> pathlib.Path:
     return path
 
 
-def load(path: str | os.PathLike | None = None
+def load(path: str | os.PathLike | None = None, dtype=None
          ) -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:
     """Loads a model and its tokenizer.
 
     Args:
       path: None for the embedded default (SmolLM2-135M-Instruct), a `.gguf` file, or a directory
         in Hugging Face layout (`config.json` + `*.safetensors` + `tokenizer.json`).
+      dtype: the weights' dtype, "float32" or "bfloat16"; None: float32 on CPU, bfloat16 on an
+        accelerator (`jaxspec.models.precision`).
 
     Raises:
       FileNotFoundError: `path` does not exist.
       ValueError: `path` is neither a `.gguf` file nor a directory, or its model is unsupported.
     """
     if path is None:
-        return gguf_loader.load_gguf(default_gguf_path())
+        return gguf_loader.load_gguf(default_gguf_path(), dtype)
     path = pathlib.Path(path)
     if path.is_dir():
-        return hf_loader.load_hf(path)
+        return hf_loader.load_hf(path, dtype)
     if not path.exists():
         raise FileNotFoundError(f"no model at {str(path)!r}")
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"cannot load {str(path)!r}: expected a .gguf file or a Hugging Face "
                          f"model directory")
-    return gguf_loader.load_gguf(path)
+    return gguf_loader.load_gguf(path, dtype)
 
 
 def load_default() -> tuple[llama.LlamaForCausalLM, tokenizer_lib.Tokenizer]:

@@ -191,7 +191,7 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
         tiles.append((acc.reshape(b, hkv, num_groups, stop - start, d),
                       m.reshape(b, hkv, num_groups, stop - start),
                       jnp.sum(p, axis=-1).reshape(b, hkv, num_groups, stop - start)))
-    acc, m, l = (jnp.concatenate(parts, axis=3) for parts in zip(*tiles))
+    acc, m, l = (jnp.concatenate(parts, axis=3) for parts in zip(*tiles, strict=True))
     return (acc.reshape(b, hkv, num_groups * t, d), m.reshape(b, hkv, num_groups * t),
             l.reshape(b, hkv, num_groups * t))
 

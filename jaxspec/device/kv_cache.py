@@ -41,8 +41,9 @@ class KVPages:
     """The K and V pages of every layer.
 
     Attributes:
-      k: f32[num_layers, num_pages, page_size, num_kv_heads, head_dim]
-      v: f32[num_layers, num_pages, page_size, num_kv_heads, head_dim]
+      k: [num_layers, num_pages, page_size, num_kv_heads, head_dim], float32 or bfloat16 (the
+        cache's own dtype, which may differ from the model's: writes convert)
+      v: the same for values.
     """
 
     k: jax.Array
@@ -125,4 +126,5 @@ def write(kv: KVPages, new_k: jax.Array, new_v: jax.Array, view: CacheView) -> K
       view: rows' page tables, lengths and valid counts.
     """
     page, offset = write_slots(view, new_k.shape[2], kv.page_size)
-    return KVPages(k=kv.k.at[:, page, offset].set(new_k), v=kv.v.at[:, page, offset].set(new_v))
+    return KVPages(k=kv.k.at[:, page, offset].set(new_k.astype(kv.k.dtype)),
+                   v=kv.v.at[:, page, offset].set(new_v.astype(kv.v.dtype)))

@@ -6,9 +6,11 @@ traced arguments rather than constants baked into the HLO.
 """
 
 import dataclasses
+from typing import Any
 from typing import Protocol
 
 import jax
+import jax.numpy as jnp
 
 from jaxspec.device import kv_cache
 
@@ -21,6 +23,7 @@ class CacheSpec:
     num_kv_heads: int
     head_dim: int
     max_context_len: int | None = None   # positions the model was trained for; None: unknown
+    dtype: Any = jnp.float32             # the activations' dtype: the KV cache's default
 
 
 class CausalLM(Protocol):

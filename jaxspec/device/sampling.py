@@ -77,6 +77,13 @@ def _sample_one(logits, temperature, top_k, top_p, key):
     return jax.random.categorical(key, scaled).astype(jnp.int32)
 
 
+def top2_margin(logits: jax.Array) -> jax.Array:
+    """f32[..., V] -> f32[...]: the best logit minus the second best, how far greedy decoding
+    was from choosing otherwise (the greedy-equivalence report's measure of a near tie)."""
+    top = jax.lax.top_k(logits.astype(jnp.float32), 2)[0]
+    return top[..., 0] - top[..., 1]
+
+
 def choose_tokens(logits: jax.Array, params: SamplingArrays, positions: jax.Array, *,
                   greedy_only: bool) -> jax.Array:
     """The target's token at every position.

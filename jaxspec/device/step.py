@@ -68,6 +68,8 @@ class StepConfig:
       min_match_len: automaton drafts behind a shorter match are not verified.
       enhancer_threshold: with host drafts, rows whose automaton match is at least this long
         verify the automaton's drafts instead (None: no enhancer).
+      margins: also return the target's top-1 minus top-2 logit at every position (the
+        greedy-equivalence report reads them).
       sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
     """
 
@@ -81,6 +83,7 @@ class StepConfig:
     max_ngram_size: int = -1
     min_match_len: int = 1
     enhancer_threshold: int | None = None
+    margins: bool = False
     sa_implementation: str | None = None
 
     def __post_init__(self):
@@ -183,6 +186,8 @@ class StepOutputs:
         shorter than min_match_len, and without automata), already on the device: lets the host
         size the next step's K without another sync.
       next_match_len: i32[B] match length behind the next drafts.
+      margins: f32[B, K+1] the target's top-1 minus top-2 logit at each position, with
+        `StepConfig.margins`; else None.
     """
 
     new_tokens: jax.Array
@@ -191,6 +196,7 @@ class StepOutputs:
     match_len: jax.Array
     next_draft_lens: jax.Array
     next_match_len: jax.Array
+    margins: jax.Array | None = None
 
 
 def _forward(graphdef, params, tokens, kv, view):
@@ -213,7 +219,8 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
       cfg: static configuration (its graphdef and greedy_only are used).
 
     Returns:
-      (state, next_tokens i32[B]) — the token after each row's last valid chunk position.
+      (state, next_tokens i32[B], margins f32[B] or None) — the token after each row's last
+      valid chunk position, and with `cfg.margins` the top-1 minus top-2 logit behind it.
     """
     _TRACES["prefill"] += 1
     model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, view)
@@ -222,7 +229,8 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
     positions = (view.lengths + view.num_new)[:, None]
     chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
                                     greedy_only=cfg.greedy_only)
-    return state.replace(kv=kv), chosen[:, 0]
+    margins = sampling.top2_margin(logits[:, 0]) if cfg.margins else None
+    return state.replace(kv=kv), chosen[:, 0], margins
 
 
 def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_new):
@@ -297,7 +305,8 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, inputs.view)
     state = state.replace(kv=kv)
     positions = inputs.view.lengths[:, None] + 1 + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-    target = sampling.choose_tokens(model.logits(hidden), inputs.sampling, positions,
+    logits = model.logits(hidden)
+    target = sampling.choose_tokens(logits, inputs.sampling, positions,
                                     greedy_only=cfg.greedy_only)
     new_tokens, num_new = verify.accept(drafts, draft_lens, target)
     next_lens = next_match = jnp.zeros_like(num_new)
@@ -307,7 +316,8 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
         next_lens, next_match = _admitted(cfg, state.drafts, inputs.slots)
     return state, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
                               draft_lens=draft_lens, match_len=match_len,
-                              next_draft_lens=next_lens, next_match_len=next_match)
+                              next_draft_lens=next_lens, next_match_len=next_match,
+                              margins=sampling.top2_margin(logits) if cfg.margins else None)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))

@@ -47,7 +47,7 @@ def _gb(n: int) -> str:
 
 
 def check(spec: model_lib.CacheSpec, config, *, max_draft_len: int, automata=None,
-          available: int | None = None) -> None:
+          kv_dtype=np.float32, available: int | None = None) -> None:
     """Raises ValueError when `config` cannot run on this model and device.
 
     Args:
@@ -55,6 +55,7 @@ def check(spec: model_lib.CacheSpec, config, *, max_draft_len: int, automata=Non
       config: the `SchedulerConfig`.
       max_draft_len: the largest K (the cache holds 1 + K slots past a sequence's last token).
       automata: the `SASlots` whose device state will be allocated, or None.
+      kv_dtype: the KV cache's dtype.
       available: free bytes to check against (default: `available_bytes()`).
 
     Raises:
@@ -64,7 +65,7 @@ def check(spec: model_lib.CacheSpec, config, *, max_draft_len: int, automata=Non
     if spec.max_context_len is not None and config.max_seq_len > spec.max_context_len:
         raise ValueError(f"max_seq_len={config.max_seq_len} exceeds the model's context length "
                          f"of {spec.max_context_len} tokens")
-    kv = kv_bytes(spec, config.total_pages(max_draft_len), config.page_size)
+    kv = kv_bytes(spec, config.total_pages(max_draft_len), config.page_size, kv_dtype)
     sa = 0
     if automata is not None:
         sa = (automata.num_slots + 1) * sa_layout.bytes_per_slot(automata.max_seq_len)

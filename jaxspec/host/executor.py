@@ -34,6 +34,7 @@ import time
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import config as config_lib
@@ -116,6 +117,10 @@ class Executor:
       sa_implementation: automaton kernels: "pallas", "xla" or None (Pallas on GPU).
       cost_model: the step-cost model adaptive K decides with (default: this model's, kept under
         the cache directory, `jaxspec.host.cost_model.default_path`).
+      kv_dtype: the KV cache's dtype (None: the model's, `cache_spec.dtype`).
+      record_margins: keep, per output token, the target's top-1 minus top-2 logit and the
+        verify window it came from (`Request.margins`, `Request.windows`), for the
+        greedy-equivalence report.
 
     Raises:
       ValueError: a capacity the model or the device cannot hold (`jaxspec.host.capacity`).
@@ -126,8 +131,10 @@ class Executor:
                  spec: policy_lib.SpecLike = None,
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  sa_implementation: str | None = None,
-                 cost_model: cost_model_lib.StepCostModel | None = None):
+                 cost_model: cost_model_lib.StepCostModel | None = None,
+                 kv_dtype=None, record_margins: bool = False):
         self.config = scheduler_config
+        self.record_margins = record_margins
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
                                          enhancer=enhancer)
         max_k = self.policy.max_draft_len
@@ -140,7 +147,9 @@ class Executor:
                 max_num_requests=scheduler_config.max_batch_size,
                 enable_global_pool=self.policy.global_pool,
                 global_pool_size=self.policy.global_pool_size)
-        capacity.check(cs, scheduler_config, max_draft_len=max_k, automata=self.slots)
+        self.kv_dtype = jnp.dtype(cs.dtype if kv_dtype is None else kv_dtype)
+        capacity.check(cs, scheduler_config, max_draft_len=max_k, automata=self.slots,
+                       kv_dtype=self.kv_dtype)
         self.graphdef, self.params = nnx.split(model)
         self.vocab_size = model.vocab_size
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
@@ -163,7 +172,7 @@ class Executor:
         kv = kv_cache.init_pages(
             num_layers=cs.num_layers, num_pages=self.scheduler.allocator.num_pages,
             page_size=scheduler_config.page_size, num_kv_heads=cs.num_kv_heads,
-            head_dim=cs.head_dim)
+            head_dim=cs.head_dim, dtype=self.kv_dtype)
         automata = self.slots.new_state() if self.slots else None
         self.state = step_lib.init_state(kv, automata, draft_len=max_k)
         self.sa_implementation = sa_implementation
@@ -183,7 +192,8 @@ class Executor:
                 automaton=p.uses_automaton, global_pool=p.global_pool,
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
-                enhancer_threshold=p.enhancer_threshold, sa_implementation=self.sa_implementation)
+                enhancer_threshold=p.enhancer_threshold, margins=self.record_margins,
+                sa_implementation=self.sa_implementation)
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests
@@ -202,6 +212,8 @@ class Executor:
         rid = next(self._ids)
         request = requests_lib.Request(request_id=rid, prompt=prompt, params=params,
                                        stop_ids=stop_ids)
+        if self.record_margins:
+            request.margins, request.windows = [], []
         self.scheduler.add(request)
         self._live[rid] = request
         self.stats.prompt_tokens += len(prompt)
@@ -402,7 +414,7 @@ class Executor:
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
         view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
-        self.state, first = step_lib.prefill(
+        self.state, first, margins = step_lib.prefill(
             self.params, self.state, tokens, view, self._sampling_arrays(reqs, rows),
             cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
         first = np.asarray(first)
@@ -414,6 +426,9 @@ class Executor:
                 continue
             r.state = requests_lib.State.DECODE
             taken = r.append([first[i]])
+            if self.record_margins:
+                r.margins.append(float(margins[i]))
+                r.windows.append((0, 0, 0))
             self.stats.generated_tokens += len(taken)
             result = None
             if r.finish_reason:
@@ -458,6 +473,9 @@ class Executor:
             taken = r.append(out.new_tokens[i, :n])
             accepted = stats_lib.accepted_drafts(len(taken), n)
             r.steps += 1
+            if self.record_margins:
+                r.margins.extend(float(m) for m in out.margins[i, :len(taken)])
+                r.windows.extend((r.steps, j, plan.k) for j in range(len(taken)))
             r.drafted += drafted
             r.accepted += accepted
             r.acceptance_lengths.append(len(taken))

@@ -97,6 +97,10 @@ class Request:
     # the match length behind them.
     next_draft_len: int = 0
     next_match_len: int = 0
+    # With `Executor(record_margins=True)`, per output token: the target's top-1 minus top-2
+    # logit behind it, and (verify step, index in the step's window, K) — step 0 is the prefill.
+    margins: list[float] | None = None
+    windows: list[tuple[int, int, int]] | None = None
 
     @property
     def tokens(self) -> list[int]:

@@ -40,7 +40,7 @@ def _prefilled(model, prompt, cfg, **state_kwargs):
     graphdef, params = nnx.split(model)
     tokens = np.zeros((2, 16), np.int32)
     tokens[0, :len(prompt)] = prompt
-    state, first = step_lib.prefill(params, _state(model, **state_kwargs), tokens,
+    state, first, _ = step_lib.prefill(params, _state(model, **state_kwargs), tokens,
                                     _view([0, 0], [len(prompt), 0]), GREEDY, cfg=cfg)
     return params, state, int(first[0])
 

@@ -28,9 +28,10 @@ def test_gguf_suffix_goes_to_the_gguf_loader(tmp_path, monkeypatch):
     path = tmp_path / "Model.GGUF"
     path.write_bytes(b"GGUF")
     calls = []
-    monkeypatch.setattr(gguf_loader, "load_gguf", lambda p: calls.append(p) or "loaded")
-    assert registry.load(str(path)) == "loaded"
-    assert calls == [path]
+    monkeypatch.setattr(gguf_loader, "load_gguf",
+                        lambda p, dtype: calls.append((p, dtype)) or "loaded")
+    assert registry.load(str(path), dtype="bfloat16") == "loaded"
+    assert calls == [(path, "bfloat16")]
 
 
 def test_unknown_path_is_file_not_found(tmp_path):

@@ -27,3 +27,20 @@ def test_overrides_replace_fields():
     model = tiny.tiny_model(0, vocab_size=200, tie_embeddings=False)
     assert model.cfg.vocab_size == 200 and model.lm_head is not None
     assert all(v.dtype == np.float32 for v in checkpoint.flat_params(model).values())
+
+
+def test_bfloat16_copy_computes_in_bfloat16_with_float32_logits(forward):
+    import jax.numpy as jnp
+
+    from jaxspec.models import precision
+
+    original = tiny.tiny_model(seed=0)
+    half = precision.cast(original, "bfloat16")
+    assert half.dtype == jnp.bfloat16 and original.dtype == jnp.float32     # a copy
+    assert precision.cast(half, "bfloat16") is half
+    tokens = np.random.default_rng(0).integers(0, 128, (2, 17))
+    full, low = forward(original, tokens), forward(half, tokens)
+    assert low.dtype == np.float32
+    # bfloat16 keeps 8 significant bits: logits agree to about 1% of their spread.
+    np.testing.assert_allclose(low, full, atol=0.02 * np.abs(full).max())
+    assert (low.argmax(-1) == full.argmax(-1)).mean() > 0.9
