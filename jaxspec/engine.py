@@ -86,7 +86,8 @@ class Engine:
         host drafts (an n-gram pool or your `Drafter`, e.g. a neural draft source) on the rows
         where the automaton's match is at least `threshold` tokens long.
       scheduler: capacity; the defaults fit batch 8 of 2048-token sequences.
-      sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
+      implementation: kernels (automaton, paged attention): "pallas", "xla" or None (Pallas on
+        GPU, XLA elsewhere).
       cost_model: the step-cost model adaptive K decides with (`jaxspec.host.cost_model`);
         default: the one kept for this model and machine under the cache directory.
       dtype: cast the model's weights and activations to "float32" or "bfloat16" (a copy; None
@@ -104,14 +105,14 @@ class Engine:
     def __init__(self, model, tokenizer=None, *, spec="auto",
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
-                 sa_implementation: str | None = None,
+                 implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
                  dtype=None, kv_dtype=None, record_margins: bool = False):
         self.model = model if dtype is None else precision.cast(model, dtype)
         self.kv_dtype = None if kv_dtype is None else precision.resolve(kv_dtype)
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
-        self.sa_implementation = sa_implementation
+        self.implementation = implementation
         self.cost_model = cost_model
         self.record_margins = record_margins
         self.last_stats: dict | None = None
@@ -145,7 +146,7 @@ class Engine:
         self._executor = None              # free the old cache before allocating the new one
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
-            sa_implementation=self.sa_implementation, cost_model=self.cost_model,
+            implementation=self.implementation, cost_model=self.cost_model,
             kv_dtype=self.kv_dtype, record_margins=self.record_margins)
 
     @property

@@ -13,9 +13,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from jaxspec.device import attention
 from jaxspec.device import kv_cache
 from jaxspec.device import model as model_lib
+from jaxspec.device import ops
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -115,7 +115,7 @@ class DecoderLayer(nnx.Module):
         q = rope(self.q_proj(h).reshape(b, t, cfg.num_heads, hd), positions, cfg.rope_theta)
         k = rope(self.k_proj(h).reshape(b, t, cfg.num_kv_heads, hd), positions, cfg.rope_theta)
         v = self.v_proj(h).reshape(b, t, cfg.num_kv_heads, hd)
-        a = attention.paged_attention(q, k, v, kv, layer, view)
+        a = ops.paged_attention(q, k, v, kv, layer, view)
         x = x + self.o_proj(a.reshape(b, t, cfg.num_heads * hd))
         h = self.post_norm(x)
         x = x + self.down_proj(jax.nn.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -86,6 +86,9 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
       Rows without cached keys have acc = 0 and l = 0.
     """
     b, hkv, nq, d = q.shape
+    if page_table.shape[1] == 0:            # a table without columns caches nothing
+        return (jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:3], MASK_VALUE, jnp.float32),
+                jnp.zeros(q.shape[:3], jnp.float32))
     rows = hkv * nq
     if rows <= BLOCK_DIAGONAL_MAX_ROWS:
         # qd[b, h * Q + i, h' * D + e] = q[b, h, i, e] if h == h' else 0, so a key row of all heads
@@ -197,8 +200,10 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
 
 
 def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cache.KVPages,
-                    layer: int, view: kv_cache.CacheView) -> jax.Array:
-    """Attention for one layer.
+                    layer: int, view: kv_cache.CacheView, *, cached=cached_attention
+                    ) -> jax.Array:
+    """Attention for one layer (models call `jaxspec.device.ops.paged_attention`, which picks
+    the implementation of the cached part).
 
     Args:
       q: [B, T, Hq, D] queries of the new tokens (RoPE applied), in the model's dtype.
@@ -206,6 +211,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
       kv: the cache pages of every layer (their own dtype).
       layer: static index of this layer's pages.
       view: the rows' page tables and lengths.
+      cached: computes the cached part (`cached_attention`'s contract).
 
     Returns:
       [B, T, Hq, D] in q's dtype; scores, softmax and sums are float32 whatever the dtypes.
@@ -220,8 +226,8 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
     vn = jnp.transpose(v_new.astype(f32), (0, 2, 1, 3))
 
     acc_new, m_new, l_new = new_token_attention(qh, kn, vn, num_groups=g)
-    acc, m, l = cached_attention(qh, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
-                                 pages_per_block=pages_per_block(hkv, g * t))
+    acc, m, l = cached(qh, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
+                       pages_per_block=pages_per_block(hkv, g * t))
     m_all = jnp.maximum(m, m_new)
     a_cached, a_new = jnp.exp(m - m_all), jnp.exp(m_new - m_all)
     out = ((a_cached[..., None] * acc + a_new[..., None] * acc_new)

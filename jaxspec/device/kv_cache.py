@@ -70,11 +70,14 @@ class CacheView:
       lengths: i32[B] tokens already cached per row (position of the first new token).
       num_new: i32[B] valid new tokens per row, <= T; the rest are padding and are never written.
         A padding row has num_new = 0.
+      implementation: static, how attention reads the pages: "pallas", "xla" or None (the
+        kernel on GPU, the XLA loop elsewhere; `jaxspec.device.ops`).
     """
 
     page_table: jax.Array
     lengths: jax.Array
     num_new: jax.Array
+    implementation: str | None = flax.struct.field(pytree_node=False, default=None)
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,

@@ -70,7 +70,8 @@ class StepConfig:
         verify the automaton's drafts instead (None: no enhancer).
       margins: also return the target's top-1 minus top-2 logit at every position (the
         greedy-equivalence report reads them).
-      sa_implementation: "pallas", "xla" or None (Pallas on GPU, XLA elsewhere).
+      implementation: the automaton kernels: "pallas", "xla" or None (Pallas on GPU, XLA
+        elsewhere); attention's is the cache view's.
     """
 
     graphdef: Any
@@ -84,7 +85,7 @@ class StepConfig:
     min_match_len: int = 1
     enhancer_threshold: int | None = None
     margins: bool = False
-    sa_implementation: str | None = None
+    implementation: str | None = None
 
     def __post_init__(self):
         if self.k < 0:
@@ -238,11 +239,11 @@ def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_n
     if cfg.global_pool:
         sa, match_len, drafts, lens = ops.sa_extend_and_global_search(
             state.sa, slots, new_tokens, num_new, state.active_mask, draft_len=cfg.sa_draft_len,
-            max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation)
     else:
         sa, match_len, drafts, lens = ops.sa_extend_and_lookup(
             state.sa, slots, new_tokens, num_new, draft_len=cfg.sa_draft_len,
-            max_ngram_size=cfg.max_ngram_size, implementation=cfg.sa_implementation)
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation)
     buf = state.drafts
     buf = DraftBuffer(tokens=buf.tokens.at[slots].set(drafts), lens=buf.lens.at[slots].set(lens),
                       match_len=buf.match_len.at[slots].set(match_len))

@@ -114,7 +114,8 @@ class Executor:
         `suggest_spec_config(max_batch_size)`), or any `Drafter` instance (drafts on the host).
       enhancer: an `SAEnhancerConfig`: device automata whose drafts replace the host drafter's
         where their match is long enough (needs a host drafter as `spec`).
-      sa_implementation: automaton kernels: "pallas", "xla" or None (Pallas on GPU).
+      implementation: kernels (automaton, paged attention): "pallas", "xla" or None (Pallas on
+        GPU).
       cost_model: the step-cost model adaptive K decides with (default: this model's, kept under
         the cache directory, `jaxspec.host.cost_model.default_path`).
       kv_dtype: the KV cache's dtype (None: the model's, `cache_spec.dtype`).
@@ -130,7 +131,7 @@ class Executor:
     def __init__(self, model, *, scheduler_config: scheduler_lib.SchedulerConfig,
                  spec: policy_lib.SpecLike = None,
                  enhancer: config_lib.SAEnhancerConfig | None = None,
-                 sa_implementation: str | None = None,
+                 implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
                  kv_dtype=None, record_margins: bool = False):
         self.config = scheduler_config
@@ -175,7 +176,7 @@ class Executor:
             head_dim=cs.head_dim, dtype=self.kv_dtype)
         automata = self.slots.new_state() if self.slots else None
         self.state = step_lib.init_state(kv, automata, draft_len=max_k)
-        self.sa_implementation = sa_implementation
+        self.implementation = implementation
         self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
         self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
@@ -193,7 +194,7 @@ class Executor:
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, margins=self.record_margins,
-                sa_implementation=self.sa_implementation)
+                implementation=self.implementation)
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests
@@ -401,7 +402,8 @@ class Executor:
         pad = rows - len(reqs)
         return kv_cache.CacheView(page_table=table,
                                   lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
-                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32))
+                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
+                                  implementation=self.implementation)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first

@@ -1,0 +1,240 @@
+"""Pallas Triton kernel: online-softmax partials of decode/verify attention over the paged cache.
+
+Reference (same contract, and the CPU path): `jaxspec.device.attention.cached_attention`; the cache
+layout is documented in `jaxspec.device.kv_cache`.
+
+One program per (row, KV head, split), flash-decoding style. Each split takes an equal share of
+its row's live page blocks (`cdiv(min(length, P * S), S * pages_per_block)` blocks, counted in the
+kernel from `lengths`), so the cost follows the cached length, never the page-table width, and a
+small batch still spreads its context over the whole GPU. A program walks its blocks with an
+online softmax: per block it reads the block's page ids from the table, gathers the
+`pages_per_block * S` keys and values of its KV head with masked loads (positions at or past the
+length are never read), scores all `Q = G * T` query rows at once, and rescales its running
+`(acc, m, l)`. The wrapper merges the splits' partials with one more rescale.
+"""
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+import jax.numpy as jnp
+import numpy as np
+
+# Equal to `jaxspec.device.attention.MASK_VALUE`, defined here so the kernel never imports the
+# module that dispatches to it: a large finite negative, so a fully masked row stays NaN-free.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+# Triton's dot needs every dimension >= 16, and every tensor a power-of-2 size.
+MIN_DOT_DIM = 16
+# More query rows than this would keep a [Q, S * pages_per_block] score tile and a [Q, D]
+# accumulator in registers at once and spill; such models fall back to XLA.
+MAX_QUERY_ROWS = 128
+# Programs to aim for: about two waves over the 132 SMs of an H100/H200. Fewer (a small batch)
+# leave SMs idle for the whole context; more only add partials to combine.
+TARGET_PROGRAMS = 256
+# Warps per program: a first guess, to tune on the GPU. 4 hold the [16 or 32, D] accumulator and
+# the score tile; 8 share the larger tiles of long verify windows.
+NUM_WARPS_SMALL_Q, NUM_WARPS_LARGE_Q = 4, 8
+SMALL_Q = 32
+NUM_STAGES = 2
+# f32 dots in IEEE precision, not TF32 (Triton's default): TF32's 10-bit mantissa would let the
+# kernel's scores drift from the XLA path's, and with them the greedy tokens.
+PRECISION = lax.Precision.HIGHEST
+PAGE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+def _dot(a, b, *, trans_b: bool = False):
+    """`a @ b` (or `a @ b.T`) of two f32 tiles, accumulated in f32."""
+    contract = ((1,), (1,)) if trans_b else ((1,), (0,))
+    return lax.dot_general(a, b, (contract, ((), ())), precision=PRECISION,
+                           preferred_element_type=jnp.float32)
+
+
+def _cached_attention_kernel(
+    # inputs
+    layer_ref,        # i32[1]
+    q_ref,            # f32[B, Hkv, Qp, D]
+    k_pages_ref,      # [L, N, S, Hkv, D]
+    v_pages_ref,      # [L, N, S, Hkv, D]
+    page_table_ref,   # i32[B, P]
+    lengths_ref,      # i32[B]
+    # outputs
+    acc_ref,          # f32[B, Hkv, splits, Qp, D]
+    m_ref,            # f32[B, Hkv, splits, Qp]
+    l_ref,            # f32[B, Hkv, splits, Qp]
+    *, pages_per_block: int, num_splits: int,
+):
+    row, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    _, num_pages, page_size, _, head_dim = k_pages_ref.shape
+    table_width = page_table_ref.shape[1]
+    block_k = pages_per_block * page_size
+    layer = layer_ref[0]
+    q = q_ref[row, head, :, :]                                              # [Qp, D]
+    # A length past the table can only be read up to the table's end, as in the reference.
+    length = jnp.clip(lengths_ref[row], 0, table_width * page_size)
+    live_blocks = pl.cdiv(length, block_k)
+    per_split = pl.cdiv(live_blocks, num_splits)
+    first = jnp.minimum(split * per_split, live_blocks)
+    last = jnp.minimum(first + per_split, live_blocks)
+    offsets = jnp.arange(block_k, dtype=jnp.int32)                          # [block_k]
+    dims = jnp.arange(head_dim, dtype=jnp.int32)                            # [D]
+
+    def body(block, carry):
+        acc, m_i, l_i = carry
+        pos = block * block_k + offsets                                     # [block_k]
+        valid = pos < length
+        col = jnp.minimum(block * pages_per_block + offsets // page_size, table_width - 1)
+        page = page_table_ref[row, col]                                     # [block_k]
+        # Pages past the length hold garbage (page 0) or stale slots: masked loads never read
+        # them, so even NaNs there cannot reach the sums.
+        page = jnp.clip(page, 0, num_pages - 1)
+        # Array indices on every gathered dim (the interpreter's masked load takes no slices).
+        index = (layer, page[:, None], (offsets % page_size)[:, None], head, dims[None, :])
+        k = plgpu.load(k_pages_ref.at[index], mask=valid[:, None], other=0.0)  # [block_k, D]
+        v = plgpu.load(v_pages_ref.at[index], mask=valid[:, None], other=0.0)
+        scores = _dot(q, k.astype(jnp.float32), trans_b=True)               # [Qp, block_k]
+        scores = jnp.where(valid[None, :], scores, MASK_VALUE)
+        m_next = jnp.maximum(m_i, scores.max(axis=1))
+        # Every block holds at least one live key, so m_next is a real score: both exps below
+        # are exactly 0 where masked (and for the initial m = MASK_VALUE).
+        correction = jnp.exp(m_i - m_next)
+        p = jnp.exp(scores - m_next[:, None])
+        l_i = correction * l_i + p.sum(axis=1)
+        acc = correction[:, None] * acc + _dot(p, v.astype(jnp.float32))
+        return acc, m_next, l_i
+
+    acc = jnp.zeros(q.shape, jnp.float32)
+    m_i = jnp.full(q.shape[:1], MASK_VALUE, jnp.float32)
+    l_i = jnp.zeros(q.shape[:1], jnp.float32)
+    acc, m_i, l_i = lax.fori_loop(first, last, body, (acc, m_i, l_i))
+    acc_ref[row, head, split, :, :] = acc
+    m_ref[row, head, split, :] = m_i
+    l_ref[row, head, split, :] = l_i
+
+
+def static_validate(q, k_pages, v_pages, page_table, lengths, *, layer: int,
+                    pages_per_block: int) -> None:
+    """Checks shapes and dtypes before tracing.
+
+    Raises:
+      ValueError: for inconsistent shapes or dtypes, naming the values.
+      NotImplementedError: for inputs this kernel does not take (the switch falls back to XLA).
+    """
+    if q.ndim != 4 or k_pages.ndim != 5:
+        raise ValueError(f"q must be [B, Hkv, Q, D] and k_pages [L, N, S, Hkv, D], got shapes "
+                         f"{q.shape} and {k_pages.shape}")
+    if k_pages.shape != v_pages.shape or k_pages.dtype != v_pages.dtype:
+        raise ValueError(f"k_pages and v_pages differ: {k_pages.shape} {k_pages.dtype} vs "
+                         f"{v_pages.shape} {v_pages.dtype}")
+    rows, kv_heads, query_rows, head_dim = q.shape
+    num_layers, _, page_size, page_kv_heads, page_head_dim = k_pages.shape
+    if (kv_heads, head_dim) != (page_kv_heads, page_head_dim):
+        raise ValueError(f"q has {kv_heads} KV heads of dim {head_dim}, the pages "
+                         f"{page_kv_heads} of dim {page_head_dim}")
+    if page_table.ndim != 2 or page_table.shape[0] != rows or lengths.shape != (rows,):
+        raise ValueError(f"page_table must be [B, P] and lengths [B] with B = {rows}, got "
+                         f"{page_table.shape} and {lengths.shape}")
+    if page_table.dtype != jnp.int32 or lengths.dtype != jnp.int32:
+        raise ValueError(f"page_table and lengths must be int32, got {page_table.dtype} and "
+                         f"{lengths.dtype}")
+    if q.dtype != jnp.float32:
+        raise ValueError(f"q must be float32, got {q.dtype}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer {layer} out of range for {num_layers} layers")
+    if pages_per_block < 1:
+        raise ValueError(f"pages_per_block must be >= 1, got {pages_per_block}")
+    if k_pages.dtype not in PAGE_DTYPES:
+        raise NotImplementedError(f"pages of dtype {k_pages.dtype}: the kernel takes "
+                                  f"{[str(d) for d in PAGE_DTYPES]}")
+    block_k = page_size * pages_per_block
+    for name, size in (("head_dim", head_dim), ("page_size * pages_per_block", block_k)):
+        if size < MIN_DOT_DIM or size & (size - 1):
+            raise NotImplementedError(f"{name} = {size}: Triton tiles need a power of 2 >= "
+                                      f"{MIN_DOT_DIM}")
+    if query_rows > MAX_QUERY_ROWS:
+        raise NotImplementedError(f"{query_rows} query rows per KV head (G * T) > "
+                                  f"{MAX_QUERY_ROWS}")
+    if rows == 0 or kv_heads == 0:
+        raise NotImplementedError(f"empty grid: {rows} rows x {kv_heads} KV heads")
+
+
+def default_num_splits(rows: int, kv_heads: int, table_width: int, pages_per_block: int) -> int:
+    """Splits per (row, KV head): enough programs to fill the GPU, at most one per block."""
+    return max(1, min(pl.cdiv(table_width, pages_per_block),
+                      TARGET_PROGRAMS // (rows * kv_heads)))
+
+
+def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: int,
+                          pages_per_block: int, num_splits: int, interpret: bool):
+    """The `pallas_call` over `num_splits` splits per (row, KV head), then the combine.
+
+    Same arguments and results as `cached_attention` (validated there), which jits this.
+    """
+    rows, kv_heads, query_rows, head_dim = q.shape
+    if page_table.shape[1] == 0:  # nothing can be cached: every row is empty
+        return (jnp.zeros(q.shape, jnp.float32),
+                jnp.full(q.shape[:3], MASK_VALUE, jnp.float32),
+                jnp.zeros(q.shape[:3], jnp.float32))
+    padded_rows = max(MIN_DOT_DIM, pl.next_power_of_2(query_rows))
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, padded_rows - query_rows), (0, 0)))
+    partial_shape = (rows, kv_heads, num_splits, padded_rows)
+    num_warps = NUM_WARPS_SMALL_Q if padded_rows <= SMALL_Q else NUM_WARPS_LARGE_Q
+    kernel = functools.partial(_cached_attention_kernel, pages_per_block=pages_per_block,
+                               num_splits=num_splits)
+    acc, m_s, l_s = pl.pallas_call(
+        kernel,
+        grid=(rows, kv_heads, num_splits),
+        out_shape=[jax.ShapeDtypeStruct((*partial_shape, head_dim), jnp.float32),   # acc
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32),                # m
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32)],               # l
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=NUM_STAGES),
+        interpret=interpret,
+        # The layer is an operand, not a constant: every layer lowers to the same Triton IR.
+        name=f"cached_attention_{pages_per_block=}_{num_splits=}",
+    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths)
+    # Per split: acc [B, Hkv, splits, Q, D], m_s and l_s [B, Hkv, splits, Q].
+    acc, m_s, l_s = (x[:, :, :, :query_rows] for x in (acc, m_s, l_s))
+    if num_splits == 1:
+        return acc[:, :, 0], m_s[:, :, 0], l_s[:, :, 0]
+    # Splits without live blocks hold (0, MASK_VALUE, 0): their weight is 0 beside any real max,
+    # and 1 when the whole row is empty, which keeps acc = l = 0 there.
+    m = m_s.max(axis=2)
+    weight = jnp.exp(m_s - m[:, :, None])
+    return (weight[..., None] * acc).sum(axis=2), m, (weight * l_s).sum(axis=2)
+
+
+@functools.partial(jax.jit, static_argnames=("layer", "pages_per_block", "interpret"))
+def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
+                     pages_per_block: int, interpret: bool = False):
+    """Online-softmax partials of attention over each row's cached slots.
+
+    Args:
+      q: f32[B, Hkv, Q, D] queries grouped by KV head (`Q = G * T`: the G query heads sharing a
+        KV head times the T new tokens), already scaled by `D ** -0.5`.
+      k_pages, v_pages: [L, N, S, Hkv, D] every layer's pages, f32 or bf16.
+      page_table: i32[B, P] page ids of each row; entries past the row's length may point at the
+        garbage page 0.
+      lengths: i32[B] cached tokens per row; keys at positions >= lengths[b] are masked.
+      layer: static layer index.
+      pages_per_block: static, pages loaded per loop iteration (`S * pages_per_block` must be a
+        power of 2 >= 16).
+      interpret: run the kernel in the Pallas interpreter (any backend; slow, for tests).
+
+    Returns:
+      `(acc f32[B, Hkv, Q, D], m f32[B, Hkv, Q], l f32[B, Hkv, Q])`: `m` the max score
+      (MASK_VALUE where a row has no cached key), `l = sum_s exp(score_s - m)` and
+      `acc = sum_s exp(score_s - m) * v_s`; a row of length 0 gives `(0, MASK_VALUE, 0)`.
+
+    Raises:
+      ValueError: for inconsistent shapes or dtypes.
+      NotImplementedError: for page dtypes other than f32/bf16, a head dim or block that is not
+        a power of 2 >= 16, more than `MAX_QUERY_ROWS` query rows, or an empty batch.
+    """
+    static_validate(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                    pages_per_block=pages_per_block)
+    num_splits = default_num_splits(q.shape[0], q.shape[1], page_table.shape[1],
+                                    pages_per_block)
+    return cached_attention_call(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                                 pages_per_block=pages_per_block, num_splits=num_splits,
+                                 interpret=interpret)
