@@ -55,9 +55,12 @@ def write_section(name: str, markdown: str, *, command: str, path: pathlib.Path 
     path.write_text(text)
 
 
-def publish(section: str, markdown: str, *, module: str, argv: list[str], write: bool):
-    """Prints a benchmark's section and, if `write`, records it with the command that made it."""
-    print(markdown)
+def publish(section: str, markdown: str, *, module: str, argv: list[str], write: bool,
+            show: bool = True):
+    """Prints a benchmark's section (unless not `show`) and, if `write`, records it with the
+    command that made it."""
+    if show:
+        print(markdown)
     if write:
         command = " ".join(["python -m", module, *map(checkout_relative, argv)])
         write_section(section, markdown, command=command)

@@ -52,8 +52,8 @@ class Generation:
       text: their decoded text (the stop token left out), or None without a tokenizer.
       finish_reason: "stop", "length" or "cancelled".
       stats: the request's speculation counters.
-      margins: with `Engine(record_margins=True)`, per token the target's top-1 minus top-2
-        logit behind it; else None.
+      top2: with `Engine(record_top2=True)`, per token the target's two best logits behind it
+        (their difference: how near greedy decoding came to choosing otherwise); else None.
       windows: likewise, per token (verify step, index in the step's window, K); step 0 is
         the prefill.
     """
@@ -62,7 +62,7 @@ class Generation:
     text: str | None
     finish_reason: str
     stats: dict
-    margins: list[float] | None = None
+    top2: list[tuple[float, float]] | None = None
     windows: list[tuple[int, int, int]] | None = None
 
 
@@ -94,8 +94,8 @@ class Engine:
         keeps the model as it is). `Engine.load` defaults to float32 on CPU, bfloat16 on an
         accelerator. Logits, sampling and verification stay float32.
       kv_dtype: the KV cache's dtype (None: the model's).
-      record_margins: keep each output token's top-1 minus top-2 logit and verify window
-        (`Generation.margins` / `.windows`; `benchmarks.equivalence` reads them).
+      record_top2: keep each output token's two best logits and verify window
+        (`Generation.top2` / `.windows`; `benchmarks.equivalence` reads them).
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
@@ -107,14 +107,14 @@ class Engine:
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 dtype=None, kv_dtype=None, record_margins: bool = False):
+                 dtype=None, kv_dtype=None, record_top2: bool = False):
         self.model = model if dtype is None else precision.cast(model, dtype)
         self.kv_dtype = None if kv_dtype is None else precision.resolve(kv_dtype)
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
         self.implementation = implementation
         self.cost_model = cost_model
-        self.record_margins = record_margins
+        self.record_top2 = record_top2
         self.last_stats: dict | None = None
         self._spec = None
         self._enhancer = None
@@ -147,7 +147,7 @@ class Engine:
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
             implementation=self.implementation, cost_model=self.cost_model,
-            kv_dtype=self.kv_dtype, record_margins=self.record_margins)
+            kv_dtype=self.kv_dtype, record_top2=self.record_top2)
 
     @property
     def executor(self) -> executor_lib.Executor:
@@ -217,7 +217,7 @@ class Engine:
                 finish_reason=r.finish_reason,
                 stats={"prompt_tokens": len(r.prompt), "generated_tokens": len(r.output),
                        "verify_steps": r.steps, "drafted": r.drafted, "accepted": r.accepted},
-                margins=r.margins, windows=r.windows))
+                top2=r.top2, windows=r.windows))
         self.last_stats = self._executor.stats.summary()
         return BatchResult(generations=gens, stats=self.last_stats)
 

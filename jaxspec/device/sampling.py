@@ -77,11 +77,11 @@ def _sample_one(logits, temperature, top_k, top_p, key):
     return jax.random.categorical(key, scaled).astype(jnp.int32)
 
 
-def top2_margin(logits: jax.Array) -> jax.Array:
-    """f32[..., V] -> f32[...]: the best logit minus the second best, how far greedy decoding
-    was from choosing otherwise (the greedy-equivalence report's measure of a near tie)."""
-    top = jax.lax.top_k(logits.astype(jnp.float32), 2)[0]
-    return top[..., 0] - top[..., 1]
+def top2(logits: jax.Array) -> jax.Array:
+    """f32[..., V] -> f32[..., 2]: the best and the second-best logit. Their difference is how far
+    greedy decoding was from choosing otherwise (the greedy-equivalence report's measure of a
+    near tie); the best one gives the scale of rounding errors."""
+    return jax.lax.top_k(logits.astype(jnp.float32), 2)[0]
 
 
 def choose_tokens(logits: jax.Array, params: SamplingArrays, positions: jax.Array, *,

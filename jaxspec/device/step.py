@@ -68,7 +68,7 @@ class StepConfig:
       min_match_len: automaton drafts behind a shorter match are not verified.
       enhancer_threshold: with host drafts, rows whose automaton match is at least this long
         verify the automaton's drafts instead (None: no enhancer).
-      margins: also return the target's top-1 minus top-2 logit at every position (the
+      top2: also return the target's two best logits at every position (the
         greedy-equivalence report reads them).
       implementation: the automaton kernels: "pallas", "xla" or None (Pallas on GPU, XLA
         elsewhere); attention's is the cache view's.
@@ -84,7 +84,7 @@ class StepConfig:
     max_ngram_size: int = -1
     min_match_len: int = 1
     enhancer_threshold: int | None = None
-    margins: bool = False
+    top2: bool = False
     implementation: str | None = None
 
     def __post_init__(self):
@@ -187,8 +187,8 @@ class StepOutputs:
         shorter than min_match_len, and without automata), already on the device: lets the host
         size the next step's K without another sync.
       next_match_len: i32[B] match length behind the next drafts.
-      margins: f32[B, K+1] the target's top-1 minus top-2 logit at each position, with
-        `StepConfig.margins`; else None.
+      top2: f32[B, K+1, 2] the target's two best logits at each position, with
+        `StepConfig.top2`; else None.
     """
 
     new_tokens: jax.Array
@@ -197,7 +197,7 @@ class StepOutputs:
     match_len: jax.Array
     next_draft_lens: jax.Array
     next_match_len: jax.Array
-    margins: jax.Array | None = None
+    top2: jax.Array | None = None
 
 
 def _forward(graphdef, params, tokens, kv, view):
@@ -220,8 +220,8 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
       cfg: static configuration (its graphdef and greedy_only are used).
 
     Returns:
-      (state, next_tokens i32[B], margins f32[B] or None) — the token after each row's last
-      valid chunk position, and with `cfg.margins` the top-1 minus top-2 logit behind it.
+      (state, next_tokens i32[B], top2 f32[B, 2] or None) — the token after each row's last
+      valid chunk position, and with `cfg.top2` the two best logits behind it.
     """
     _TRACES["prefill"] += 1
     model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, view)
@@ -230,8 +230,8 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
     positions = (view.lengths + view.num_new)[:, None]
     chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
                                     greedy_only=cfg.greedy_only)
-    margins = sampling.top2_margin(logits[:, 0]) if cfg.margins else None
-    return state.replace(kv=kv), chosen[:, 0], margins
+    top2 = sampling.top2(logits[:, 0]) if cfg.top2 else None
+    return state.replace(kv=kv), chosen[:, 0], top2
 
 
 def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_new):
@@ -318,7 +318,7 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     return state, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
                               draft_lens=draft_lens, match_len=match_len,
                               next_draft_lens=next_lens, next_match_len=next_match,
-                              margins=sampling.top2_margin(logits) if cfg.margins else None)
+                              top2=sampling.top2(logits) if cfg.top2 else None)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))

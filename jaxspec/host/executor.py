@@ -119,9 +119,8 @@ class Executor:
       cost_model: the step-cost model adaptive K decides with (default: this model's, kept under
         the cache directory, `jaxspec.host.cost_model.default_path`).
       kv_dtype: the KV cache's dtype (None: the model's, `cache_spec.dtype`).
-      record_margins: keep, per output token, the target's top-1 minus top-2 logit and the
-        verify window it came from (`Request.margins`, `Request.windows`), for the
-        greedy-equivalence report.
+      record_top2: keep, per output token, the target's two best logits and the verify window
+        it came from (`Request.top2`, `Request.windows`), for the greedy-equivalence report.
 
     Raises:
       ValueError: a capacity the model or the device cannot hold (`jaxspec.host.capacity`).
@@ -133,9 +132,9 @@ class Executor:
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 kv_dtype=None, record_margins: bool = False):
+                 kv_dtype=None, record_top2: bool = False):
         self.config = scheduler_config
-        self.record_margins = record_margins
+        self.record_top2 = record_top2
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
                                          enhancer=enhancer)
         max_k = self.policy.max_draft_len
@@ -193,7 +192,7 @@ class Executor:
                 automaton=p.uses_automaton, global_pool=p.global_pool,
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
-                enhancer_threshold=p.enhancer_threshold, margins=self.record_margins,
+                enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
                 implementation=self.implementation)
         return self._configs[key]
 
@@ -213,8 +212,8 @@ class Executor:
         rid = next(self._ids)
         request = requests_lib.Request(request_id=rid, prompt=prompt, params=params,
                                        stop_ids=stop_ids)
-        if self.record_margins:
-            request.margins, request.windows = [], []
+        if self.record_top2:
+            request.top2, request.windows = [], []
         self.scheduler.add(request)
         self._live[rid] = request
         self.stats.prompt_tokens += len(prompt)
@@ -416,7 +415,7 @@ class Executor:
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
         view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
-        self.state, first, margins = step_lib.prefill(
+        self.state, first, top2 = step_lib.prefill(
             self.params, self.state, tokens, view, self._sampling_arrays(reqs, rows),
             cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
         first = np.asarray(first)
@@ -428,8 +427,8 @@ class Executor:
                 continue
             r.state = requests_lib.State.DECODE
             taken = r.append([first[i]])
-            if self.record_margins:
-                r.margins.append(float(margins[i]))
+            if self.record_top2:
+                r.top2.append(tuple(float(x) for x in top2[i]))
                 r.windows.append((0, 0, 0))
             self.stats.generated_tokens += len(taken)
             result = None
@@ -475,8 +474,8 @@ class Executor:
             taken = r.append(out.new_tokens[i, :n])
             accepted = stats_lib.accepted_drafts(len(taken), n)
             r.steps += 1
-            if self.record_margins:
-                r.margins.extend(float(m) for m in out.margins[i, :len(taken)])
+            if self.record_top2:
+                r.top2.extend(tuple(float(x) for x in t) for t in out.top2[i, :len(taken)])
                 r.windows.extend((r.steps, j, plan.k) for j in range(len(taken)))
             r.drafted += drafted
             r.accepted += accepted

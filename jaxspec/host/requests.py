@@ -97,9 +97,9 @@ class Request:
     # the match length behind them.
     next_draft_len: int = 0
     next_match_len: int = 0
-    # With `Executor(record_margins=True)`, per output token: the target's top-1 minus top-2
-    # logit behind it, and (verify step, index in the step's window, K) — step 0 is the prefill.
-    margins: list[float] | None = None
+    # With `Executor(record_top2=True)`, per output token: the target's two best logits behind
+    # it, and (verify step, index in the step's window, K) — step 0 is the prefill.
+    top2: list[tuple[float, float]] | None = None
     windows: list[tuple[int, int, int]] | None = None
 
     @property

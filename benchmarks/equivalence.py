@@ -1,0 +1,210 @@
+"""Greedy equivalence: speculative vs plain greedy decoding, token for token, every divergence
+explained.
+
+    python -m benchmarks.equivalence --workload code_editing --n 4 --methods sa --dtypes bfloat16
+    python -m benchmarks.equivalence --workload mtbench --methods sa,ngram,auto \\
+        --dtypes float32,bfloat16 --json
+
+Verifying `1 + K` positions in one forward is not bit-identical to decoding them one at a time
+(other matmul shapes, other accumulation orders), so where the target's two best tokens are nearly
+tied, rounding can pick either: greedy speculation drifts from plain greedy. For every request the
+report gives whether the two outputs are token-identical and, where they are not, the first
+differing position p with
+
+* both runs' two best logits at p (their difference, the margin: how near greedy was to choosing
+  otherwise);
+* the verify window of the speculative run that produced p: its step, the index of p inside the
+  window (0 = the token after the step's input, j >= 1 = after draft j), the step's K, and whether
+  p's token was an accepted draft or the bonus token;
+* a verdict: a *numerics tie* when the larger of the two margins is within the rounding error
+  the dtype allows at that logit scale, `TIE_ULPS * eps(dtype) * max(1, |top-1 logit|)`, and a
+  *bug* otherwise (two confident but different choices from the same prefix: something other
+  than rounding differs).
+
+The report also gives the rounding noise actually observed: the largest difference between the two
+runs' top-1 logits at positions before the divergence, where both decoded the same prefix.
+"""
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import jax.numpy as jnp
+
+from benchmarks import chat_prompts
+from benchmarks import report
+from benchmarks import runs
+from benchmarks import workloads
+from jaxspec import engine as engine_lib
+
+METHODS = ("sa", "ngram", "auto")
+DTYPES = ("float32", "bfloat16")
+# Rounding can move each logit by a few units in the last place of the compute dtype, times the
+# depth of the network: 16 ulps of the top logit's magnitude separates rounding from real changes.
+TIE_ULPS = 16
+
+
+def tolerance(dtype: str, top_logit: float) -> float:
+    """The largest margin a rounding difference can flip, at this dtype and logit scale."""
+    return TIE_ULPS * float(jnp.finfo(jnp.dtype(dtype)).eps) * max(1.0, abs(top_logit))
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where one request's speculative output first differs from its plain output."""
+
+    position: int                      # index into the generated tokens
+    plain_token: int
+    spec_token: int
+    plain_top2: tuple[float, float]
+    spec_top2: tuple[float, float]
+    window: tuple[int, int, int]       # (verify step, index in window, K) of the spec token
+    tolerance: float
+    noise: float                       # max |top-1 logit| difference before the divergence
+
+    @property
+    def margins(self) -> tuple[float, float]:
+        return (self.plain_top2[0] - self.plain_top2[1], self.spec_top2[0] - self.spec_top2[1])
+
+    @property
+    def verdict(self) -> str:
+        return "numerics tie" if max(self.margins) <= self.tolerance else "bug"
+
+    @property
+    def source(self) -> str:
+        """What produced the spec token: the prefill, a plain step, an accepted draft, the bonus."""
+        step, index, k = self.window
+        if step == 0:
+            return "prefill"
+        return "plain step" if k == 0 else f"verify K={k}, position {index}"
+
+
+def first_divergence(plain: engine_lib.Generation, spec: engine_lib.Generation,
+                     dtype: str) -> Divergence | None:
+    """The first position where the two outputs differ (a length difference from a stop token
+    counts at the shorter end), or None when they are identical."""
+    for p, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids, strict=False)):
+        if a != b:
+            break
+    else:
+        if len(plain.token_ids) == len(spec.token_ids):
+            return None
+        p = min(len(plain.token_ids), len(spec.token_ids)) - 1
+    noise = max((abs(x[0] - y[0]) for x, y in zip(plain.top2[:p], spec.top2[:p], strict=True)),
+                default=0.0)
+    scale = max(abs(plain.top2[p][0]), abs(spec.top2[p][0]))
+    return Divergence(position=p, plain_token=plain.token_ids[p], spec_token=spec.token_ids[p],
+                      plain_top2=plain.top2[p], spec_top2=spec.top2[p], window=spec.windows[p],
+                      tolerance=tolerance(dtype, scale), noise=noise)
+
+
+def compare(model, tokenizer, prompts, *, method: str, dtype: str, max_new_tokens: int,
+            batch_size: int = 1) -> dict:
+    """Plain and `method` greedy on every prompt, in `dtype`; the per-request report."""
+    scheduler = runs.scheduler_for(prompts, max_new_tokens, batch_size)
+    engine = engine_lib.Engine(model, tokenizer, spec="none", scheduler=scheduler, dtype=dtype,
+                               record_top2=True)
+    outputs = {}
+    for name in ("plain", method):
+        spec = "none" if name == "plain" else engine_lib.spec_from_name(
+            method, None if method == "auto" else engine_lib.DEFAULT_DRAFT_LEN)
+        outputs[name] = engine.generate_batch([list(p) for p in prompts],
+                                              max_new_tokens=max_new_tokens, spec=spec).generations
+    rows = []
+    for i, (plain, spec) in enumerate(zip(outputs["plain"], outputs[method], strict=True)):
+        d = first_divergence(plain, spec, dtype)
+        rows.append({"request": i, "identical": d is None, "tokens": len(plain.token_ids),
+                     "divergence": None if d is None else {
+                         "position": d.position, "plain_token": d.plain_token,
+                         "spec_token": d.spec_token, "plain_top2": list(d.plain_top2),
+                         "spec_top2": list(d.spec_top2), "margins": list(d.margins),
+                         "window": list(d.window), "source": d.source,
+                         "tolerance": d.tolerance, "noise": d.noise, "verdict": d.verdict}})
+    diverged = [r["divergence"] for r in rows if r["divergence"]]
+    return {"method": method, "dtype": dtype, "requests": len(rows),
+            "identical": sum(r["identical"] for r in rows),
+            "median_first_divergence": (statistics.median(d["position"] for d in diverged)
+                                        if diverged else None),
+            "ties": sum(d["verdict"] == "numerics tie" for d in diverged),
+            "bugs": sum(d["verdict"] == "bug" for d in diverged), "rows": rows}
+
+
+def markdown(workload: str, reports: list[dict]) -> str:
+    """The summary table, then one line per divergence."""
+    lines = [f"## Greedy equivalence: `{workload}`", "",
+             "| method | dtype | token-identical | median first divergence | numerics ties | bugs |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in reports:
+        median = "–" if r["median_first_divergence"] is None else r["median_first_divergence"]
+        lines.append(f"| {r['method']} | {r['dtype']} | {r['identical']}/{r['requests']} "
+                     f"({100 * r['identical'] / r['requests']:.0f}%) | {median} | {r['ties']} | "
+                     f"{r['bugs']} |")
+    details = [(r, row["request"], row["divergence"]) for r in reports for row in r["rows"]
+               if row["divergence"]]
+    if details:
+        lines += ["", "| method | dtype | request | position | margins plain / spec | tolerance | "
+                  "noise before | produced by | verdict |",
+                  "| --- | --- | ---: | ---: | --- | ---: | ---: | --- | --- |"]
+        for r, request, d in details:
+            lines.append(f"| {r['method']} | {r['dtype']} | {request} | {d['position']} | "
+                         f"{d['margins'][0]:.4g} / {d['margins'][1]:.4g} | "
+                         f"{d['tolerance']:.3g} | {d['noise']:.3g} | {d['source']} | "
+                         f"{d['verdict']} |")
+    lines += ["", f"A divergence is a numerics tie when both margins (top-1 minus top-2 logit) "
+                  f"are within {TIE_ULPS} ulps of the dtype at the top logit's magnitude; "
+                  f"'noise before' is the largest top-1 logit difference between the runs before "
+                  f"the divergence."]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.equivalence",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="code_editing", choices=workloads.WORKLOADS)
+    p.add_argument("--n", type=int, default=4, help="conversations from the workload")
+    p.add_argument("--methods", default="sa,ngram,auto")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.add_argument("--write", action="store_true", help="record the section in BENCHMARKS.md")
+    return p
+
+
+def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = sorted(set(names) - set(allowed))
+    if bad or not names:
+        raise ValueError(f"unknown {what} {bad or text!r}; choose from {allowed}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    methods = _names(args.methods, METHODS, "methods")
+    dtypes = _names(args.dtypes, DTYPES, "dtypes")
+    from jaxspec import models
+
+    load_start = runs.load_average()
+    conversations = workloads.load(args.workload, args.n)
+    model, tokenizer = models.load(None, dtype="float32")
+    prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
+                                      max_new_tokens=args.max_new_tokens)
+    reports = [compare(model, tokenizer, prompts, method=m, dtype=d,
+                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+               for d in dtypes for m in methods]
+    text = markdown(args.workload, reports) + "\n\n" + runs.load_note(load_start,
+                                                                      runs.load_average())
+    if args.json:
+        print(json.dumps({"workload": args.workload, "reports": reports}))
+        argv = [a for a in argv if a != "--json"]
+    report.publish(f"equivalence_{args.workload}", text, module="benchmarks.equivalence",
+                   argv=argv, write=args.write, show=not args.json)
+    return 1 if any(r["bugs"] for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The greedy-equivalence report: divergences found, placed in their verify window, and judged."""
+
+import pytest
+
+from benchmarks import equivalence
+from jaxspec import engine as engine_lib
+from tests.helpers import random_prompts
+
+
+def _gen(tokens, top2, windows):
+    return engine_lib.Generation(token_ids=tokens, text=None, finish_reason="length", stats={},
+                                 top2=top2, windows=windows)
+
+
+def test_identical_outputs_have_no_divergence():
+    g = _gen([1, 2], [(5.0, 1.0), (4.0, 2.0)], [(0, 0, 0), (1, 0, 0)])
+    assert equivalence.first_divergence(g, g, "float32") is None
+
+
+def test_a_near_tie_is_a_numerics_tie_and_a_confident_split_is_a_bug():
+    plain = _gen([1, 2, 3, 4], [(9.0, 1.0), (8.0, 7.0), (10.0, 9.99), (5.0, 0.0)],
+                 [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0)])
+    spec = _gen([1, 2, 7, 4], [(9.0, 1.0), (8.01, 7.0), (10.001, 9.999), (5.0, 0.0)],
+                [(0, 0, 0), (1, 0, 4), (1, 1, 4), (1, 2, 4)])
+    d = equivalence.first_divergence(plain, spec, "bfloat16")
+    assert (d.position, d.plain_token, d.spec_token) == (2, 3, 7)
+    assert d.window == (1, 1, 4) and d.source == "verify K=4, position 1"
+    assert d.noise == pytest.approx(0.01)
+    assert d.verdict == "numerics tie"
+    assert d.tolerance == pytest.approx(equivalence.TIE_ULPS * 2**-7 * 10.001)
+    confident = _gen([1, 2, 7, 4], [(9.0, 1.0), (8.0, 7.0), (10.0, 2.0), (5.0, 0.0)],
+                     spec.windows)
+    assert equivalence.first_divergence(plain, confident, "bfloat16").verdict == "bug"
+    # The same margins are far beyond float32's rounding: a bug there.
+    assert equivalence.first_divergence(plain, spec, "float32").verdict == "bug"
+
+
+def test_a_shorter_output_diverges_where_it_ends():
+    plain = _gen([1, 2, 3], [(2.0, 1.0)] * 3, [(0, 0, 0), (1, 0, 0), (2, 0, 0)])
+    spec = _gen([1, 2], [(2.0, 1.0)] * 2, [(0, 0, 0), (1, 0, 2)])
+    assert equivalence.first_divergence(plain, spec, "float32").position == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiny_model_report(tiny_lm, dtype):
+    """float32 speculation is token-identical; in bfloat16 whatever diverges is a numerics tie."""
+    prompts = random_prompts(4, [9, 13, 7], alphabet_size=4)
+    report = equivalence.compare(tiny_lm, None, prompts, method="sa", dtype=dtype,
+                                 max_new_tokens=24, batch_size=2)
+    assert report["requests"] == 3 and report["bugs"] == 0
+    if dtype == "float32":
+        assert report["identical"] == 3
+    text = equivalence.markdown("tiny", [report])
+    assert f"| sa | {dtype} |" in text
+
+
+def test_main_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown methods"):
+        equivalence.main(["--methods", "sa,bogus"])
