@@ -85,10 +85,9 @@ def first_divergence(plain: engine_lib.Generation, spec: engine_lib.Generation,
                      dtype: str) -> Divergence | None:
     """The first position where the two outputs differ (a length difference from a stop token
     counts at the shorter end), or None when they are identical."""
-    for p, (a, b) in enumerate(zip(plain.token_ids, spec.token_ids, strict=False)):
-        if a != b:
-            break
-    else:
+    pairs = zip(plain.token_ids, spec.token_ids, strict=False)
+    p = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    if p is None:
         if len(plain.token_ids) == len(spec.token_ids):
             return None
         p = min(len(plain.token_ids), len(spec.token_ids)) - 1
@@ -134,7 +133,8 @@ def compare(model, tokenizer, prompts, *, method: str, dtype: str, max_new_token
 def markdown(workload: str, reports: list[dict]) -> str:
     """The summary table, then one line per divergence."""
     lines = [f"## Greedy equivalence: `{workload}`", "",
-             "| method | dtype | token-identical | median first divergence | numerics ties | bugs |",
+             "| method | dtype | token-identical | median first divergence | numerics ties "
+             "| bugs |",
              "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in reports:
         median = "–" if r["median_first_divergence"] is None else r["median_first_divergence"]

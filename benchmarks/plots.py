@@ -3,8 +3,11 @@
 * `acceptance_histograms`: for each speculating method, the share of verify steps that committed
   1, 2, ..., K+1 tokens (1 = every draft rejected, only the bonus token).
 * `throughput_vs_batch`: tokens/s of each method against the batch size, from the sweep.
+* `step_time_vs_context`: decode step time of each method against the context length, from the
+  context sweep.
 """
 
+from collections.abc import Collection
 from collections.abc import Mapping
 from collections.abc import Sequence
 import pathlib
@@ -81,6 +84,53 @@ def throughput_vs_batch(batch_sizes: Sequence[int], tokens_per_s: Mapping[str, S
     ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
     ax.set_xlabel("batch size")
     ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def step_time_vs_context(contexts: Sequence[int], step_ms: Mapping[str, Sequence[float | None]],
+                         path: pathlib.Path, *, title: str,
+                         dashed: Collection[str] = ()) -> pathlib.Path:
+    """Decode step time against context length, one line per method (log-2 context axis).
+
+    Args:
+      contexts: the x values, prompt lengths in tokens.
+      step_ms: ``{method: one step time (ms) or None (not measured) per context}``; a method
+        with no value at all is left out.
+      path: the PNG to write.
+      title: the figure's title.
+      dashed: methods drawn dashed, in the colour of the line before them (a derived series,
+        e.g. time per committed token next to time per step).
+
+    Raises:
+      ValueError: a method's values do not match the contexts one to one, or nothing is left to
+        plot.
+    """
+    for method, values in step_ms.items():
+        if len(values) != len(contexts):
+            raise ValueError(f"{method}: {len(values)} values for {len(contexts)} contexts")
+    step_ms = {m: v for m, v in step_ms.items() if any(x is not None for x in v)}
+    if not step_ms:
+        raise ValueError("no step time to plot")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    color = None
+    for method, values in step_ms.items():
+        points = [(c, v) for c, v in zip(contexts, values, strict=True) if v is not None]
+        style = dict(linestyle="--", color=color) if method in dashed else {}
+        (line,) = ax.plot(*zip(*points, strict=True), marker="o", label=method, **style)
+        color = line.get_color()
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(contexts), [f"{c:,}" for c in contexts])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode step time (ms)")
+    ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

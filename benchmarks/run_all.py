@@ -1,15 +1,15 @@
 """`make bench`: every benchmark, each writing its own section of BENCHMARKS.md.
 
-    python -m benchmarks.run_all                      # the defaults: about 50 minutes on 2 cores
+    python -m benchmarks.run_all                      # the defaults: about 90 minutes on 2 cores
     python -m benchmarks.run_all --dry-run            # the plan and its time estimate only
     python -m benchmarks.run_all --n 4 --max-new-tokens 128   # more prompts, longer replies
 
 Steps, each in its own process (a crash or a memory peak stays inside its step; jax settings do
 not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, jaxspec
-vs HF greedy, the harness on every workload, and the batch sweep. Plots land in
-benchmarks/plots/. The estimate is a cost model fitted on a 2-core machine (x86-64, JAX on
-CPU) that was quiet; on a machine shared with other work expect up to 2-3x longer. It is printed
-before the run, and each step's actual time next to it.
+vs HF greedy, the harness on every workload, the batch sweep and the context sweep (128 to 8k
+tokens). Plots land in benchmarks/plots/. The estimate is a cost model fitted on a 2-core
+machine (x86-64, JAX on CPU) that was quiet; on a machine shared with other work expect up to
+2-3x longer. It is printed before the run, and each step's actual time next to it.
 """
 
 import argparse
@@ -22,16 +22,27 @@ import time
 from benchmarks import workloads
 
 WORKLOADS = ("code_editing", "document_qa", "humaneval", "mtbench_turn1", "mtbench",
-             "translation")
+             "translation", "long_document_qa")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLOTS = ROOT / "benchmarks" / "plots"
 DEFAULT_N = 2
-# document_qa prompts are ~1,300 tokens, 3-8x the others: one keeps its prefill in check.
-N_OVERRIDES = {"document_qa": 1}
+# document_qa prompts are ~1,300 tokens, 3-8x the others, long_document_qa's 5-7.5k: one prompt
+# keeps their prefill in check.
+N_OVERRIDES = {"document_qa": 1, "long_document_qa": 1}
+# Methods other than the harness's default (all of them): the oracle's extra passes of a 5k-token
+# prefill buy no goal of long_document_qa's.
+METHOD_OVERRIDES = {"long_document_qa": ("plain", "sa", "ngram", "auto", "hf_greedy", "hf_pld")}
+JAXSPEC_METHODS = ("plain", "sa", "ngram", "auto", "oracle")
+CONTEXTS = "128,512,1024,2048,4096,8000"
 # Cost model (seconds) of a quiet 2-core x86-64 machine, fitted on runs there (load average ~1):
 # code_editing n=2, 64 tokens, 3 repeats took 271 s (model: 282 s); the sweep at 1,2,4,8 with 24
 # tokens 244 s (model: 363 s), at 1..32 with 32 tokens 1326 s (model: 1080 s). Speculation slows
 # low-repetition chat down, so mtbench_turn1 runs longer than modelled (362 s for 275 s).
+# Long contexts, measured on the same kind of machine but busy (load average 2.5-4.3, so only the
+# ratios count): per token, jaxspec's prefill took 5.1 ms at 1,024 tokens, 8.3 at 4,096 and 17
+# at 8,000 (HF's 4.5, 9.0 and 9.2), a plain decode step 127, 237 and 529 ms (HF's 140 ms at
+# 1,024). Past LONG_CONTEXT_TOKENS a token costs 1 + (context - 1,024) / LONG_CONTEXT_SLOPE times
+# the short-context cost, in prefill and in decode: x2.0 at 4,096, x3.3 at 8,000.
 CHARS_PER_TOKEN = 4.0
 TEMPLATE_TOKENS = 30            # SmolLM2's chat template around a user turn
 PREFILL_TOKENS_PER_S = 500.0    # jaxspec and HF alike, batch 1
@@ -41,6 +52,9 @@ COMPILE_S_PER_METHOD = 8.0
 LOAD_S = 20.0                   # SmolLM2 for jaxspec + transformers' GGUF load
 CONVERT_S = 9.0                 # jaxspec's first load of the GGUF: dequantize, write its cache
 FIXED_STEP_S = {"host_overhead": 15.0, "sa_overhead": 65.0}  # measured, quiet machine
+LONG_CONTEXT_TOKENS = 1024
+LONG_CONTEXT_SLOPE = 3000.0
+HF_ONE_PREFILL_SAMPLE_TOKENS = 2048  # runs.ONE_PREFILL_SAMPLE_TOKENS (that module imports jax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +64,22 @@ class Step:
     estimate_s: float
 
 
+def _context_cost(tokens: float) -> float:
+    """What a token costs at this context length, in short-context tokens (see above)."""
+    return 1.0 + max(0.0, tokens - LONG_CONTEXT_TOKENS) / LONG_CONTEXT_SLOPE
+
+
+def _prefill_s(prompt_tokens: float) -> float:
+    return prompt_tokens / PREFILL_TOKENS_PER_S * _context_cost(prompt_tokens)
+
+
 def _pass_s(prompt_tokens: float, n: int, tokens: int, speedup: float = 1.0) -> float:
-    return n * (prompt_tokens / PREFILL_TOKENS_PER_S + tokens / (DECODE_TOKENS_PER_S * speedup))
+    decode = tokens / (DECODE_TOKENS_PER_S * speedup) * _context_cost(prompt_tokens + tokens / 2)
+    return n * (_prefill_s(prompt_tokens) + decode)
+
+
+def _hf_prefill_samples(prompt_tokens: float) -> int:
+    return 1 if prompt_tokens >= HF_ONE_PREFILL_SAMPLE_TOKENS else 3
 
 
 def _prompt_tokens(workload: str, n: int, tokens: int) -> float:
@@ -61,18 +89,24 @@ def _prompt_tokens(workload: str, n: int, tokens: int) -> float:
     return chars / CHARS_PER_TOKEN + turns * TEMPLATE_TOKENS + (turns - 1) * tokens
 
 
-def harness_estimate(workload: str, n: int, tokens: int, repeats: int) -> float:
-    """Seconds for the harness on one workload with every method (5 jaxspec + 2 HF)."""
+def harness_estimate(workload: str, n: int, tokens: int, repeats: int,
+                     methods: tuple[str, ...] | None = None) -> float:
+    """Seconds for the harness on one workload with `methods` (None: all, 5 jaxspec + 2 HF)."""
     try:
         prompt = _prompt_tokens(workload, n, tokens)
         turns = len(workloads.load(workload, 1)[0].turns)
     except workloads.WorkloadUnavailable:
         return 0.0
+    methods = methods or (*JAXSPEC_METHODS, "hf_greedy", "hf_pld")
+    speculating = sum(m in JAXSPEC_METHODS and m != "plain" for m in methods)
     earlier_turns = (turns - 1) * _pass_s(prompt / 2, n, tokens)
     plain = _pass_s(prompt, n, tokens)
     spec = _pass_s(prompt, n, tokens, SPEC_SPEEDUP)
-    jax = (1 + repeats) * (plain + 4 * spec) + 5 * COMPILE_S_PER_METHOD
-    hf = repeats * (plain + spec) + 3 * n * prompt / PREFILL_TOKENS_PER_S  # + prefill timing
+    jax = (1 + repeats) * (plain + speculating * spec) + (1 + speculating) * COMPILE_S_PER_METHOD
+    hf = 0.0
+    if "hf_greedy" in methods or "hf_pld" in methods:  # the rounds, then the prefill timing
+        hf = (repeats * (plain * ("hf_greedy" in methods) + spec * ("hf_pld" in methods))
+              + _hf_prefill_samples(prompt) * n * _prefill_s(prompt))
     return LOAD_S + earlier_turns + jax + hf
 
 
@@ -98,6 +132,20 @@ def sweep_estimate(workload: str, batch_sizes: list[int], tokens: int, repeats: 
     return total
 
 
+def context_sweep_estimate(contexts: list[int], tokens: int, repeats: int) -> float:
+    """Seconds for the context sweep: at each context, 3 jaxspec methods (plain, SA, oracle; a
+    warm-up and the rounds) and HF greedy and prompt lookup (the rounds and a prefill timing),
+    every pass a prefill of that many tokens."""
+    total = LOAD_S
+    for context in contexts:
+        plain = _pass_s(context, 1, tokens)
+        spec = _pass_s(context, 1, tokens, SPEC_SPEEDUP)
+        jax = (1 + repeats) * (plain + 2 * spec) + 3 * COMPILE_S_PER_METHOD
+        hf = repeats * (plain + spec) + _hf_prefill_samples(context) * _prefill_s(context)
+        total += jax + hf
+    return total
+
+
 def plan(args) -> list[Step]:
     py = ("-m",)
     plain_repeats = max(3, args.repeats)  # issue 2 asks for a median of at least 3
@@ -116,10 +164,12 @@ def plan(args) -> list[Step]:
     ]
     for workload in args.workloads.split(","):
         n = args.n if args.n is not None else N_OVERRIDES.get(workload, DEFAULT_N)
+        methods = METHOD_OVERRIDES.get(workload)
         steps.append(Step(f"harness:{workload}",
                           py + ("benchmarks.harness", "--workload", workload, "--n", str(n))
-                          + common,
-                          harness_estimate(workload, n, args.max_new_tokens, args.repeats)))
+                          + (("--methods", ",".join(methods)) if methods else ()) + common,
+                          harness_estimate(workload, n, args.max_new_tokens, args.repeats,
+                                           methods)))
     batch_sizes = [int(b) for b in args.sweep_batch_sizes.split(",")]
     steps.append(Step("sweep", py + (
         "benchmarks.sweep", "--workload", args.sweep_workload, "--batch-sizes",
@@ -127,6 +177,12 @@ def plan(args) -> list[Step]:
         str(args.repeats), "--plots", str(args.plots)) + write,
         sweep_estimate(args.sweep_workload, batch_sizes, args.sweep_max_new_tokens,
                        args.repeats)))
+    contexts = [int(c) for c in args.contexts.split(",")]
+    steps.append(Step("context_sweep", py + (
+        "benchmarks.context_sweep", "--contexts", args.contexts, "--max-new-tokens",
+        str(args.max_new_tokens), "--repeats", str(args.context_repeats), "--plots",
+        str(args.plots)) + write,
+        context_sweep_estimate(contexts, args.max_new_tokens, args.context_repeats)))
     return steps
 
 
@@ -145,10 +201,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sweep-workload", default="humaneval")
     parser.add_argument("--sweep-batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--sweep-max-new-tokens", type=int, default=32)
+    parser.add_argument("--contexts", default=CONTEXTS,
+                        help="the context sweep's prompt lengths in tokens")
+    parser.add_argument("--context-repeats", type=int, default=2,
+                        help="the context sweep's timed rounds (one costs ~7 minutes at 8k)")
     parser.add_argument("--plots", type=pathlib.Path, default=PLOTS)
     parser.add_argument("--skip", default="",
                         help="comma-separated step names to leave out, as the plan prints them "
-                             "(e.g. sa_overhead,harness:document_qa,sweep)")
+                             "(e.g. sa_overhead,harness:document_qa,sweep,context_sweep)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and estimate only")
     parser.add_argument("--no-write", action="store_true",
                         help="run everything but leave BENCHMARKS.md as it is")

@@ -25,6 +25,8 @@ from jaxspec import engine as engine_lib
 from jaxspec.host import scheduler as scheduler_lib
 
 PAGE_SIZE = 16
+# From this many prompt tokens on, HF's prefill takes seconds and one sample of it is enough.
+ONE_PREFILL_SAMPLE_TOKENS = 2048
 # Compile events jax reports for every XLA backend compilation (jax/_src/dispatch.py).
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -136,11 +138,12 @@ def run_jaxspec(model, tokenizer, prompts: Sequence[Sequence[int]], *, spec, max
 def hf_prefill_seconds(hf, prompts: Sequence[Sequence[int]], stops: Sequence[int], *,
                        repeats: int = 3) -> float:
     """HF's prefill time for a pass: per prompt the median of `repeats` 1-token generations,
-    summed over `prompts` (one sample is too noisy next to a short, fast reply)."""
+    summed over `prompts` (one sample is too noisy next to a short, fast reply; a prompt of
+    ONE_PREFILL_SAMPLE_TOKENS or more gets one, which takes seconds)."""
     total = 0.0
     for prompt in prompts:
         seconds = []
-        for _ in range(repeats):
+        for _ in range(1 if len(prompt) >= ONE_PREFILL_SAMPLE_TOKENS else repeats):
             start = time.perf_counter()
             hf.generate(prompt, max_new_tokens=1, stop_ids=stops)
             seconds.append(time.perf_counter() - start)

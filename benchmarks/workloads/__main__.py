@@ -11,16 +11,16 @@ from benchmarks.workloads import load
 
 
 def _list() -> None:
-    print(f"{'workload':<14} {'conversations':>13} {'turns':>5} "
+    print(f"{'workload':<16} {'conversations':>13} {'turns':>5} "
           f"{'mean chars':>10} {'mean words':>10}")
     for name in WORKLOADS:
         try:
             conversations = load(name)
         except WorkloadUnavailable as e:
-            print(f"{name:<14} skipped: {e}")
+            print(f"{name:<16} skipped: {e}")
             continue
         texts = ["\n".join(c.turns) for c in conversations]
-        print(f"{name:<14} {len(conversations):>13} {len(conversations[0].turns):>5} "
+        print(f"{name:<16} {len(conversations):>13} {len(conversations[0].turns):>5} "
               f"{statistics.mean(map(len, texts)):>10.0f} "
               f"{statistics.mean(len(t.split()) for t in texts):>10.0f}")
 

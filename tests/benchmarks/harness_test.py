@@ -68,7 +68,11 @@ class Script:
 class FakeHF:
     threads_note = "2 threads"
 
+    def __init__(self):
+        self.prompt_lengths = []
+
     def generate(self, prompt, *, max_new_tokens, stop_ids, prompt_lookup_num_tokens=None):
+        self.prompt_lengths.append(len(prompt))
         return [0] * min(max_new_tokens, 2)
 
 
@@ -116,6 +120,7 @@ def test_protocol_and_arithmetic(scripted):
     assert m["sa"]["speedup"] == 1.0                           # median of 1, 4, 1
     assert m["sa"]["tokens_per_s"] == 16.0
     assert m["plain"]["first_pass_s"] == 9.0 and m["hf_pld"]["first_pass_s"] is None
+    assert m["plain"]["prefill_s"] == 0.5
     # decode tok/s: (16 - 2 first tokens) / (wall - 0.5 s prefill).
     assert m["plain"]["decode_tokens_per_s"] == pytest.approx(14 / 3.5)
     assert m["sa"]["drafting_overhead_pct"] == pytest.approx(1.0)
@@ -144,6 +149,29 @@ def test_mismatches_are_reported_once_against_the_right_reference(scripted, caps
         dict(method="hf_pld", reference="hf_greedy", prompt=0, position=3, when="round 1")]
     assert capsys.readouterr().err.count("MISMATCH") == 2
     assert "Token mismatches" in harness.markdown(results)
+
+
+def test_long_document_qa_goals(scripted):
+    scripted(corrupt=[("sa", 0)])
+    cfg = harness.BenchConfig(workload="long_document_qa", repeats=1,
+                              methods=("sa", "hf_greedy", "hf_pld"))
+    results = harness.compare(None, None, PROMPTS, cfg, hf=FakeHF(), progress=False)
+    goals = harness.goal_lines(results)
+    assert goals[0].startswith("- jaxspec SA / jaxspec plain: ") and "goal >= 1.5" in goals[0]
+    assert goals[1].startswith("- jaxspec SA / HF prompt lookup: ") and "goal >= 1.3" in goals[1]
+    assert goals[2] == "- jaxspec SA token-identical to jaxspec plain: no (goal: not met)"
+    assert "Goals (issue 12; drafting overhead: issue 6):" in harness.markdown(results)
+
+
+def test_label_and_a_short_hf_warm_up(scripted, monkeypatch):
+    scripted()
+    monkeypatch.setattr(harness, "HF_WARMUP_TOKENS", 2)
+    hf = FakeHF()
+    cfg = harness.BenchConfig(repeats=1, methods=("hf_greedy",))
+    results = harness.compare(None, None, PROMPTS, cfg, hf=hf, progress=False, label="ctx 3")
+    assert results["workload"] == "ctx 3"
+    # Warm-up after the prompt's last 2 tokens; prefill timed on whole prompts (3 samples each).
+    assert hf.prompt_lengths == [2] + [3] * 3 + [2] * 3
 
 
 def test_without_hf_the_hf_methods_are_left_out(scripted):

@@ -11,16 +11,42 @@ def test_default_plan(capsys):
     steps = run_all.plan_from([])
     names = [s.name for s in steps]
     assert names == ["host_overhead", "sa_overhead", "plain_vs_hf",
-                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep"]
+                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep", "context_sweep"]
     assert all(("--write" in s.argv) != ("overhead" in s.name) for s in steps)
     for s in steps[2:]:
         assert s.name in out
-    for workload, n in [("code_editing", "2"), ("humaneval", "2"), ("document_qa", "1")]:
+    for workload, n in [("code_editing", "2"), ("humaneval", "2"), ("document_qa", "1"),
+                        ("long_document_qa", "1")]:
         step = steps[names.index(f"harness:{workload}")]
         assert step.argv[step.argv.index("--n") + 1] == n
+    qa = steps[names.index("harness:long_document_qa")]
+    assert qa.argv[qa.argv.index("--methods") + 1] == "plain,sa,ngram,auto,hf_greedy,hf_pld"
+    assert "--methods" not in steps[names.index("harness:code_editing")].argv
+    context = steps[-1]
+    assert context.argv[context.argv.index("--contexts") + 1] == "128,512,1024,2048,4096,8000"
+    assert context.argv[context.argv.index("--repeats") + 1] == "2"
+    assert "--write" in context.argv and "--plots" in context.argv
+    # The long-context steps cost more than any other; the whole plan fits in two hours.
+    assert qa.estimate_s > 10 * 60 and context.estimate_s > 20 * 60
     total = sum(s.estimate_s for s in steps)
-    assert 0 < total < 60 * 60  # the default plan fits in an hour
+    assert 0 < total < 2 * 60 * 60
     assert f"estimated {total / 60:.1f} min" in out
+
+
+def test_long_contexts_cost_more_per_token():
+    assert run_all._context_cost(500) == run_all._context_cost(1024) == 1.0
+    assert run_all._context_cost(4096) == pytest.approx(2.02, abs=0.01)
+    assert run_all._context_cost(8000) == pytest.approx(3.33, abs=0.01)
+    short, long = (run_all.context_sweep_estimate([c], 64, 2) - run_all.LOAD_S
+                   for c in (1024, 8000))
+    assert long > 5 * short
+    # Fewer rounds, fewer passes; the oracle left out of the harness costs its passes.
+    assert (run_all.context_sweep_estimate([8000], 64, 1)
+            < run_all.context_sweep_estimate([8000], 64, 2))
+    everything = run_all.harness_estimate("long_document_qa", 1, 64, 3)
+    without_oracle = run_all.harness_estimate("long_document_qa", 1, 64, 3,
+                                              run_all.METHOD_OVERRIDES["long_document_qa"])
+    assert without_oracle < everything
 
 
 def test_no_write():
@@ -33,7 +59,13 @@ def test_skip_and_overrides():
     steps = run_all.plan_from(["--skip", "sa_overhead,harness:mtbench", "--n", "3",
                                "--workloads", "mtbench,humaneval"])
     assert [s.name for s in steps] == ["host_overhead", "plain_vs_hf", "harness:humaneval",
-                                       "sweep"]
+                                       "sweep", "context_sweep"]
     assert steps[2].argv[steps[2].argv.index("--n") + 1] == "3"
     with pytest.raises(SystemExit):
         run_all.plan_from(["--skip", "nonsense"])
+    steps = run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1",
+                               "--skip", "context_sweep"])
+    assert "context_sweep" not in [s.name for s in steps]
+    context = run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1"])[-1]
+    assert context.argv[context.argv.index("--contexts") + 1] == "128,1024"
+    assert context.argv[context.argv.index("--repeats") + 1] == "1"

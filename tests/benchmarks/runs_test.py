@@ -68,3 +68,14 @@ def test_hf_prefill_is_the_median_per_prompt_summed(monkeypatch):
     hf = ClockedHF([1.0, 9.0, 2.0, 5.0, 4.0, 3.0])   # prompt 0: median 2; prompt 1: median 4
     monkeypatch.setattr(runs.time, "perf_counter", lambda: hf.now)
     assert runs.hf_prefill_seconds(hf, [[1], [2]], ()) == 6.0
+
+
+def test_hf_prefill_takes_one_sample_of_a_long_prompt():
+    calls = []
+
+    class CountingHF:
+        def generate(self, prompt, *, max_new_tokens, stop_ids):
+            calls.append(len(prompt))
+
+    runs.hf_prefill_seconds(CountingHF(), [[1] * 10, [1] * runs.ONE_PREFILL_SAMPLE_TOKENS], ())
+    assert calls == [10, 10, 10, runs.ONE_PREFILL_SAMPLE_TOKENS]

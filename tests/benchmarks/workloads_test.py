@@ -9,17 +9,20 @@ from pydoc_data import topics as pydoc_topics
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
+from benchmarks import chat_prompts
 from benchmarks import workloads
 from benchmarks.workloads import __main__ as cli
 from benchmarks.workloads import base
 from benchmarks.workloads import gettext_catalogs
+from benchmarks.workloads import pydoc_chapters
 from benchmarks.workloads import stdlib_code
 
 # Sizes of the published datasets; the stdlib-derived workloads depend on the Python version and
 # the system, so they get lower bounds.
 EXACT_COUNTS = {"humaneval": 164, "mtbench": 80, "mtbench_turn1": 80}
-MIN_COUNTS = {"code_editing": 20, "document_qa": 30, "translation": 100}
+MIN_COUNTS = {"code_editing": 20, "document_qa": 30, "long_document_qa": 5, "translation": 100}
 
 
 class WorkloadsTestCase(parameterized.TestCase):
@@ -197,6 +200,40 @@ class DocumentQATest(absltest.TestCase):
             document = pydoc_topics.topics[key].strip()
             self.assertIn(document, c.turns[0])
             self.assertLessEqual(len(document.split()), 1500)
+
+
+class LongDocumentQATest(absltest.TestCase):
+
+    def test_whole_sections_in_order_and_a_question_about_one_mid_document(self):
+        conversations = workloads.long_document_qa()
+        for i, c in enumerate(conversations):
+            key, kind = c.name.removeprefix("long_document_qa/").split(":")
+            self.assertEqual(kind, pydoc_chapters.KINDS[i % 2])
+            (prompt,) = c.turns
+            document, question = prompt.rsplit("\n\n", 1)
+            self.assertIn(repr(pydoc_chapters.title(key)), question)
+            sections = [pydoc_topics.topics[k].strip() for k in pydoc_topics.topics
+                        if pydoc_topics.topics[k].strip() in document]
+            self.assertIn(pydoc_topics.topics[key].strip(), sections)
+            starts = sorted(document.index(text) for text in sections)
+            target = document.index(pydoc_topics.topics[key].strip())
+            self.assertTrue(starts[0] < target < starts[-1], c.name)  # neither first nor last
+            self.assertBetween(pydoc_chapters.estimated_tokens(document),
+                               pydoc_chapters.MIN_TOKENS, pydoc_chapters.MAX_TOKENS)
+
+    def test_a_chapter_stops_before_the_section_that_would_overflow(self):
+        keys = ("assert", "compound", "pass")  # compound alone is ~12k tokens
+        self.assertEqual(pydoc_chapters.chapter_sections(keys), ["assert"])
+        self.assertEqual(pydoc_chapters.chapter_sections(("no-such-topic", "pass")), ["pass"])
+
+
+@pytest.mark.slow
+def test_long_document_qa_prompts_are_4k_to_8k_smollm2_tokens(smollm2):
+    _, tokenizer = smollm2
+    for conversation in workloads.long_document_qa():
+        tokens = len(chat_prompts.render(tokenizer, conversation, []))
+        assert 4000 <= tokens <= 8000, (conversation.name, tokens)
+        assert tokens + 128 + 1 <= 8192  # a 128-token reply fits SmolLM2's context
 
 
 class HumanEvalTest(WorkloadsTestCase):
