@@ -40,9 +40,13 @@ def _add_generate(sub):
                    help="weights and activations (default: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default=None,
                    help="the KV cache (default: as --dtype)")
+    p.add_argument("--mesh", default=None, metavar="data=D,model=M",
+                   help="run over D x M devices: batch rows over data, weights and KV heads "
+                        "over model")
     p.add_argument("--max-batch-size", type=int, default=None,
-                   help="concurrent requests (default: the number of prompts, at most 8); AUTO "
-                        "picks its draft length from it")
+                   help="concurrent requests (default: the number of prompts, at most 8, rounded "
+                        "up to a multiple of the mesh's data size); AUTO picks its draft "
+                        "length from it")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids", "text", "stats"} instead of streaming')
@@ -62,6 +66,31 @@ def _add_profile(sub):
     p.add_argument("--show", action="store_true", help="print the model, measure nothing")
     p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
                    help="persistent XLA compilation cache directory ('' disables it)")
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """`data=D,model=M` -> (D, M).
+
+    Raises:
+      ValueError: `text` is not of that form.
+    """
+    try:
+        parts = dict(item.split("=", 1) for item in text.split(","))
+        data, model = int(parts.pop("data")), int(parts.pop("model"))
+    except (ValueError, KeyError):
+        raise ValueError(f"--mesh takes data=D,model=M, got {text!r}") from None
+    if parts:
+        raise ValueError(f"--mesh takes data=D,model=M, got {text!r}")
+    return data, model
+
+
+def _mesh(text: str | None):
+    """A mesh over the first D * M devices (None stays None)."""
+    if text is None:
+        return None
+    from jaxspec.device import sharding
+
+    return sharding.make_mesh(*parse_mesh(text))
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -147,11 +176,15 @@ def _generate(args) -> int:
         top_p=args.top_p, seed=args.seed)
     spec = engine_lib.spec_from_name(args.spec, args.max_draft_len)
     _enable_compile_cache(args.compile_cache)
+    mesh = _mesh(args.mesh)
+    batch = args.max_batch_size or min(len(prompts), 8)
+    if mesh is not None and args.max_batch_size is None:
+        data = mesh.shape["data"]
+        batch = -(-batch // data) * data            # every data shard gets its rows
     engine = engine_lib.Engine.load(
-        args.model, spec=spec, dtype=args.dtype, kv_dtype=args.kv_dtype,
-        scheduler=scheduler_lib.SchedulerConfig(
-            max_batch_size=args.max_batch_size or min(len(prompts), 8),
-            max_seq_len=args.max_seq_len))
+        args.model, spec=spec, dtype=args.dtype, kv_dtype=args.kv_dtype, mesh=mesh,
+        scheduler=scheduler_lib.SchedulerConfig(max_batch_size=batch,
+                                                max_seq_len=args.max_seq_len))
     chat = not args.raw
     if args.json or len(prompts) > 1:
         result = engine.generate_batch(prompts, params=params, chat=chat)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import dataclasses
 
 from jaxspec import config as config_lib
+from jaxspec.device import sharding
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import executor as executor_lib
@@ -96,6 +97,10 @@ class Engine:
       kv_dtype: the KV cache's dtype (None: the model's).
       record_top2: keep each output token's two best logits and verify window
         (`Generation.top2` / `.windows`; `benchmarks.equivalence` reads them).
+      mesh: a `jax.sharding.Mesh` with axes `data` and `model` (`jax.make_mesh((D, M), ("data",
+        "model"))`): weights and KV heads split over `model`, batch rows over `data`
+        (`jaxspec.device.sharding`); the model's KV heads are repeated first when `model`
+        exceeds them. None: the default device.
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
@@ -107,11 +112,21 @@ class Engine:
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 dtype=None, kv_dtype=None, record_top2: bool = False):
-        self.model = model if dtype is None else precision.cast(model, dtype)
+                 dtype=None, kv_dtype=None, record_top2: bool = False, mesh=None):
+        model = model if dtype is None else precision.cast(model, dtype)
+        scheduler = scheduler or scheduler_lib.SchedulerConfig()
+        if mesh is not None:
+            # Checked before KV heads are repeated, so a bad mesh names the model's numbers.
+            cs, mesh = model.cache_spec, sharding.auto_mesh(mesh)
+            sharding.check(mesh, num_heads=cs.num_heads, num_kv_heads=cs.num_kv_heads,
+                           max_batch_size=scheduler.max_batch_size)
+            if sharding.sizes(mesh)[1] > cs.num_kv_heads:
+                model = model.with_kv_heads(sharding.sizes(mesh)[1])
+        self.model = model
+        self.mesh = mesh
         self.kv_dtype = None if kv_dtype is None else precision.resolve(kv_dtype)
         self.tokenizer = tokenizer
-        self.scheduler_config = scheduler or scheduler_lib.SchedulerConfig()
+        self.scheduler_config = scheduler
         self.implementation = implementation
         self.cost_model = cost_model
         self.record_top2 = record_top2
@@ -147,7 +162,7 @@ class Engine:
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
             implementation=self.implementation, cost_model=self.cost_model,
-            kv_dtype=self.kv_dtype, record_top2=self.record_top2)
+            kv_dtype=self.kv_dtype, record_top2=self.record_top2, mesh=self.mesh)
 
     @property
     def executor(self) -> executor_lib.Executor:

@@ -12,6 +12,7 @@ import math
 from flax import nnx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jaxspec.device import kv_cache
 from jaxspec.device import model as model_lib
@@ -148,7 +149,7 @@ class LlamaForCausalLM(nnx.Module):
                                    num_kv_heads=self.cfg.num_kv_heads,
                                    head_dim=self.cfg.resolved_head_dim,
                                    max_context_len=self.cfg.max_position_embeddings,
-                                   dtype=self.dtype)
+                                   num_heads=self.cfg.num_heads, dtype=self.dtype)
 
     def __call__(self, tokens, kv: kv_cache.KVPages, view: kv_cache.CacheView):
         t = tokens.shape[1]
@@ -167,6 +168,52 @@ class LlamaForCausalLM(nnx.Module):
         finite = jnp.all(jnp.isfinite(x), axis=(1, 2))
         view = view.replace(num_new=jnp.where(finite, view.num_new, 0))
         return x, kv_cache.write(kv, jnp.stack(new_k), jnp.stack(new_v), view)
+
+    def param_specs(self, axis: str, size: int):
+        """PartitionSpecs of `nnx.split(self)[1]`, Megatron-style over mesh axis `axis` of `size`
+        devices: q, k, v, gate and up projections by output features, o and down projections by
+        input features, the embedding (the tied LM head) and an untied LM head by vocabulary when
+        `size` divides it, norms replicated."""
+        split_in, split_out = P(axis, None), P(None, axis)
+        rules = {"q_proj": split_out, "k_proj": split_out, "v_proj": split_out,
+                 "gate_proj": split_out, "up_proj": split_out, "o_proj": split_in,
+                 "down_proj": split_in}
+        vocab = self.cfg.vocab_size % size == 0
+        rules["embed"] = split_in if vocab else P()
+        rules["lm_head"] = split_out if vocab else P()
+        state = nnx.state(self)
+        return nnx.from_flat_state([(path, rules.get(path[-2], P()))
+                                    for path, _ in nnx.to_flat_state(state)])
+
+    def with_kv_heads(self, num_kv_heads: int) -> "LlamaForCausalLM":
+        """A copy whose every KV head is repeated `num_kv_heads / self.cfg.num_kv_heads` times:
+        the same function, with as many KV heads as a model axis of that size needs (vLLM's KV
+        head replication). Query head j keeps reading a copy of its head, j // G.
+
+        Raises:
+          ValueError: `num_kv_heads` is not a multiple of the KV heads, or does not divide the
+            query heads.
+        """
+        cfg = self.cfg
+        if num_kv_heads % cfg.num_kv_heads or cfg.num_heads % num_kv_heads:
+            raise ValueError(f"cannot repeat {cfg.num_kv_heads} KV heads into {num_kv_heads} "
+                             f"for {cfg.num_heads} query heads")
+        copies = num_kv_heads // cfg.num_kv_heads
+        new_cfg = dataclasses.replace(cfg, num_kv_heads=num_kv_heads)
+        hd = cfg.resolved_head_dim
+        graphdef, abstract = nnx.split(nnx.eval_shape(
+            lambda: LlamaForCausalLM(new_cfg, rngs=nnx.Rngs(0))))
+        old = dict(nnx.to_flat_state(nnx.state(self)))
+
+        def value(path):
+            x = old[path].get_value()
+            if path[-2] in ("k_proj", "v_proj"):
+                d = x.shape[0]
+                x = jnp.repeat(x.reshape(d, cfg.num_kv_heads, hd), copies, axis=1)
+                x = x.reshape(d, num_kv_heads * hd)
+            return x
+        flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(abstract)]
+        return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
     def logits(self, hidden):
         """float32 logits, whatever the weights' dtype (accumulated in float32)."""

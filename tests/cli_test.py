@@ -41,3 +41,13 @@ def test_auto_takes_no_draft_length(capsys):
     assert cli.main(["generate", "--prompt", "hi", "--spec", "auto", "--max-draft-len", "3",
                      "--compile-cache", ""]) == 2
     assert "auto" in capsys.readouterr().err
+
+
+def test_mesh_flag_is_parsed_or_refused(capsys):
+    assert cli.parse_mesh("data=2,model=3") == (2, 3)
+    assert cli.main(["generate", "--prompt", "hi", "--mesh", "data=2", "--compile-cache", ""]) == 2
+    assert "--mesh takes data=D,model=M, got 'data=2'" in capsys.readouterr().err
+    # One CPU device here: a 2 x 1 mesh names the numbers.
+    assert cli.main(["generate", "--prompt", "hi", "--mesh", "data=2,model=1",
+                     "--compile-cache", ""]) == 2
+    assert "data=2 x model=1 needs 2 devices, 1 are available" in capsys.readouterr().err

@@ -29,6 +29,8 @@ length reset, done on the host:
              when it finishes.
 """
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -72,12 +74,15 @@ class CacheView:
         A padding row has num_new = 0.
       implementation: static, how attention reads the pages: "pallas", "xla" or None (the
         kernel on GPU, the XLA loop elsewhere; `jaxspec.device.ops`).
+      mesh: static, the device mesh the pages are sharded over, or None
+        (`jaxspec.device.sharding`).
     """
 
     page_table: jax.Array
     lengths: jax.Array
     num_new: jax.Array
     implementation: str | None = flax.struct.field(pytree_node=False, default=None)
+    mesh: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,

@@ -23,6 +23,7 @@ class CacheSpec:
     num_kv_heads: int
     head_dim: int
     max_context_len: int | None = None   # positions the model was trained for; None: unknown
+    num_heads: int | None = None         # query heads (a mesh's model axis must divide them)
     dtype: Any = jnp.float32             # the activations' dtype: the KV cache's default
 
 
@@ -30,8 +31,13 @@ class CausalLM(Protocol):
     """A decoder-only LM that reads and writes a paged KV cache.
 
     `__call__` runs T new tokens per row at positions `view.lengths[b] + t` and returns hidden
-    states; `logits` maps hidden states to vocabulary logits. They are separate so a caller can
-    compute logits only where it needs them (the last prompt position in prefill).
+    states; `logits` maps hidden states to float32 vocabulary logits. They are separate so a
+    caller can compute logits only where it needs them (the last prompt position in prefill).
+
+    To run over a device mesh (`jaxspec.device.sharding`) a model also has
+    `param_specs(axis, size)`: the PartitionSpec of every parameter for a model axis of `size`
+    devices; and, to run on a model axis larger than its KV heads, `with_kv_heads(n)`: the same
+    model with each KV head repeated up to n heads. `jaxspec.models.llama` implements both.
     """
 
     vocab_size: int
@@ -43,5 +49,5 @@ class CausalLM(Protocol):
         ...
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """f32[..., D] -> f32[..., vocab_size]."""
+        """[..., D] -> f32[..., vocab_size]."""
         ...

@@ -6,6 +6,10 @@ back to the reference when a kernel raises `NotImplementedError` for its inputs;
 trace time, so these functions can be called inside a caller's `jax.jit` with `implementation`
 static. The references are production code (the CPU path); `jaxspec.pallas_kernels` holds the
 kernels.
+
+With a device mesh (`jaxspec.device.sharding`), each op runs under `shard_map`, kernel or
+reference alike: attention per (data shard of rows, model shard of KV heads), the automata
+replicated (every device runs every row: a few hundred scalar operations each).
 """
 
 import functools
@@ -13,11 +17,13 @@ import importlib
 from typing import Literal
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from jaxspec.device import attention
 from jaxspec.device import kv_cache
 from jaxspec.device import sa_global
 from jaxspec.device import sa_state
+from jaxspec.device import sharding
 
 Implementation = Literal["pallas", "xla"]
 IMPLEMENTATIONS: tuple[Implementation, ...] = ("pallas", "xla")
@@ -47,30 +53,41 @@ def _dispatch(implementation, kernel: tuple[str, str], xla_fn, *args, kernel_kwa
     return xla_fn(*args, **kwargs)
 
 
+def _replicated(mesh, fn, *args):
+    """`fn(*args)` on every device of `mesh` with every input and output replicated (or plainly
+    without a mesh)."""
+    if mesh is None:
+        return fn(*args)
+    return jax.shard_map(fn, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)(*args)
+
+
 def sa_extend_and_lookup(state, slots, accepted, num_accepted, *, draft_len: int,
                          max_ngram_size: int = -1,
-                         implementation: Implementation | None = None):
+                         implementation: Implementation | None = None, mesh=None):
     """Extend + lookup (`jaxspec.device.sa_state.extend_and_lookup`) by the chosen implementation.
 
     Returns:
       `(state, match_len i32[B], draft_tokens i32[B, draft_len], draft_lens i32[B])`.
     """
-    return _dispatch(implementation, ("sa_extend", "sa_extend_and_lookup"),
-                     sa_state.extend_and_lookup, state, slots, accepted, num_accepted,
-                     draft_len=draft_len, max_ngram_size=max_ngram_size)
+    run = functools.partial(_dispatch, implementation, ("sa_extend", "sa_extend_and_lookup"),
+                            sa_state.extend_and_lookup, draft_len=draft_len,
+                            max_ngram_size=max_ngram_size)
+    return _replicated(mesh, run, state, slots, accepted, num_accepted)
 
 
 def sa_extend_and_global_search(state, slots, accepted, num_accepted, active_mask, *,
                                 draft_len: int, max_ngram_size: int = -1,
-                                implementation: Implementation | None = None):
+                                implementation: Implementation | None = None, mesh=None):
     """Extend + global search (`jaxspec.device.sa_global.extend_and_global_search`).
 
     Returns:
       `(state, match_len i32[B], draft_tokens i32[B, draft_len], draft_lens i32[B])`.
     """
-    return _dispatch(implementation, ("sa_global", "sa_extend_and_global_search"),
-                     sa_global.extend_and_global_search, state, slots, accepted, num_accepted,
-                     active_mask, draft_len=draft_len, max_ngram_size=max_ngram_size)
+    run = functools.partial(_dispatch, implementation,
+                            ("sa_global", "sa_extend_and_global_search"),
+                            sa_global.extend_and_global_search, draft_len=draft_len,
+                            max_ngram_size=max_ngram_size)
+    return _replicated(mesh, run, state, slots, accepted, num_accepted, active_mask)
 
 
 # The kernel's block: 8 pages of 16 = 128 keys per loop iteration, a tile that fits the SMs'
@@ -79,22 +96,32 @@ KERNEL_PAGES_PER_BLOCK = 8
 
 
 def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
-                     pages_per_block: int, implementation: Implementation | None = None):
+                     pages_per_block: int, implementation: Implementation | None = None,
+                     mesh=None):
     """Attention partials over the cached slots (`jaxspec.device.attention.cached_attention`)
-    by the chosen implementation; the kernel loads `KERNEL_PAGES_PER_BLOCK` pages per step.
+    by the chosen implementation; the kernel loads `KERNEL_PAGES_PER_BLOCK` pages per step. With
+    a mesh, each device computes its data shard's rows for its model shard's KV heads.
 
     Returns:
       `(acc f32[B, Hkv, Q, D], m f32[B, Hkv, Q], l f32[B, Hkv, Q])`.
     """
-    return _dispatch(implementation, ("paged_attention", "cached_attention"),
-                     attention.cached_attention, q, k_pages, v_pages, page_table, lengths,
-                     layer=layer, pages_per_block=pages_per_block,
-                     kernel_kwargs=dict(pages_per_block=KERNEL_PAGES_PER_BLOCK))
+    run = functools.partial(_dispatch, implementation, ("paged_attention", "cached_attention"),
+                            attention.cached_attention, layer=layer,
+                            pages_per_block=pages_per_block,
+                            kernel_kwargs=dict(pages_per_block=KERNEL_PAGES_PER_BLOCK))
+    if mesh is None:
+        return run(q, k_pages, v_pages, page_table, lengths)
+    heads = P(sharding.DATA, sharding.MODEL)
+    return jax.shard_map(
+        run, mesh=mesh, check_vma=False,
+        in_specs=(heads, sharding.KV_SPEC, sharding.KV_SPEC, P(sharding.DATA), P(sharding.DATA)),
+        out_specs=(heads, heads, heads))(q, k_pages, v_pages, page_table, lengths)
 
 
 def paged_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,
                     view: kv_cache.CacheView):
     """`jaxspec.device.attention.paged_attention` with the cached part by
     `view.implementation`: what a model calls."""
-    cached = functools.partial(cached_attention, implementation=view.implementation)
+    cached = functools.partial(cached_attention, implementation=view.implementation,
+                               mesh=view.mesh)
     return attention.paged_attention(q, k_new, v_new, kv, layer, view, cached=cached)

@@ -39,6 +39,7 @@ from jaxspec.device import enhancer
 from jaxspec.device import kv_cache
 from jaxspec.device import ops
 from jaxspec.device import sampling
+from jaxspec.device import sharding
 from jaxspec.device import verify
 
 DraftSource = Literal["none", "host", "sa"]
@@ -72,6 +73,8 @@ class StepConfig:
         greedy-equivalence report reads them).
       implementation: the automaton kernels: "pallas", "xla" or None (Pallas on GPU, XLA
         elsewhere); attention's is the cache view's.
+      mesh: the device mesh the state and batch are sharded over (`jaxspec.device.sharding`),
+        or None; outputs come back replicated and the state keeps its shardings.
     """
 
     graphdef: Any
@@ -86,6 +89,7 @@ class StepConfig:
     enhancer_threshold: int | None = None
     top2: bool = False
     implementation: str | None = None
+    mesh: Any = None
 
     def __post_init__(self):
         if self.k < 0:
@@ -200,6 +204,16 @@ class StepOutputs:
     top2: jax.Array | None = None
 
 
+def _pinned(cfg: StepConfig, state: DeviceState, outputs):
+    """`(state, *outputs)`, on a mesh with the state on its shardings (so a donated buffer keeps
+    its layout from call to call) and the outputs replicated (every process can read them)."""
+    if cfg.mesh is not None:
+        state = jax.lax.with_sharding_constraint(
+            state, sharding.state_shardings(cfg.mesh, state))
+        outputs = jax.lax.with_sharding_constraint(outputs, sharding.replicated(cfg.mesh))
+    return (state, *outputs) if isinstance(outputs, tuple) else (state, outputs)
+
+
 def _forward(graphdef, params, tokens, kv, view):
     model = nnx.merge(graphdef, params)
     hidden, kv = model(tokens, kv, view)
@@ -231,7 +245,7 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
     chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
                                     greedy_only=cfg.greedy_only)
     top2 = sampling.top2(logits[:, 0]) if cfg.top2 else None
-    return state.replace(kv=kv), chosen[:, 0], top2
+    return _pinned(cfg, state.replace(kv=kv), (chosen[:, 0], top2))
 
 
 def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_new):
@@ -239,11 +253,12 @@ def _refill_drafts(cfg: StepConfig, state: DeviceState, slots, new_tokens, num_n
     if cfg.global_pool:
         sa, match_len, drafts, lens = ops.sa_extend_and_global_search(
             state.sa, slots, new_tokens, num_new, state.active_mask, draft_len=cfg.sa_draft_len,
-            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation)
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation,
+            mesh=cfg.mesh)
     else:
         sa, match_len, drafts, lens = ops.sa_extend_and_lookup(
             state.sa, slots, new_tokens, num_new, draft_len=cfg.sa_draft_len,
-            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation)
+            max_ngram_size=cfg.max_ngram_size, implementation=cfg.implementation, mesh=cfg.mesh)
     buf = state.drafts
     buf = DraftBuffer(tokens=buf.tokens.at[slots].set(drafts), lens=buf.lens.at[slots].set(lens),
                       match_len=buf.match_len.at[slots].set(match_len))
@@ -315,10 +330,10 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
         num_commit = jnp.where(inputs.view.num_new > 0, num_new, 0)
         state = _refill_drafts(cfg, state, inputs.slots, new_tokens, num_commit)
         next_lens, next_match = _admitted(cfg, state.drafts, inputs.slots)
-    return state, StepOutputs(new_tokens=new_tokens, num_new_tokens=num_new,
-                              draft_lens=draft_lens, match_len=match_len,
-                              next_draft_lens=next_lens, next_match_len=next_match,
-                              top2=sampling.top2(logits) if cfg.top2 else None)
+    return _pinned(cfg, state, StepOutputs(
+        new_tokens=new_tokens, num_new_tokens=num_new, draft_lens=draft_lens, match_len=match_len,
+        next_draft_lens=next_lens, next_match_len=next_match,
+        top2=sampling.top2(logits) if cfg.top2 else None))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
@@ -337,4 +352,4 @@ def prime_drafts(state: DeviceState, slots: jax.Array, *, cfg: StepConfig):
     _TRACES["prime_drafts"] += 1
     nothing = jnp.zeros((slots.shape[0], 1), jnp.int32)
     state = _refill_drafts(cfg, state, slots, nothing, jnp.zeros(slots.shape, jnp.int32))
-    return (state, *_admitted(cfg, state.drafts, slots))
+    return _pinned(cfg, state, _admitted(cfg, state.drafts, slots))

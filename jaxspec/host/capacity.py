@@ -27,12 +27,12 @@ def kv_bytes(spec: model_lib.CacheSpec, num_pages: int, page_size: int,
 
 
 def available_bytes(device: jax.Device | None = None) -> int | None:
-    """Memory free for new arrays on `device` (default: the first device), or None if unknown.
+    """Memory free for new arrays on `device` (default: this process's first), or None if unknown.
 
     Accelerators report their allocator's limit; the CPU backend reports nothing, so there it is
     the host's available physical memory.
     """
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     stats = device.memory_stats()
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))

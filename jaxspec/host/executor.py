@@ -28,6 +28,7 @@ nothing piles up however the executor is driven.
 
 from collections.abc import Sequence
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -41,6 +42,7 @@ from jaxspec import config as config_lib
 from jaxspec import schedule as schedule_lib
 from jaxspec.device import kv_cache
 from jaxspec.device import sampling
+from jaxspec.device import sharding
 from jaxspec.device import step as step_lib
 from jaxspec.host import acceptance
 from jaxspec.host import adaptive
@@ -119,6 +121,9 @@ class Executor:
       cost_model: the step-cost model adaptive K decides with (default: this model's, kept under
         the cache directory, `jaxspec.host.cost_model.default_path`).
       kv_dtype: the KV cache's dtype (None: the model's, `cache_spec.dtype`).
+      mesh: a `jax.sharding.Mesh` with axes `data` and `model` to run over
+        (`jaxspec.device.sharding`), or None for the default device. The model must already
+        have as many KV heads as the mesh needs (`Engine` repeats them).
       record_top2: keep, per output token, the target's two best logits and the verify window
         it came from (`Request.top2`, `Request.windows`), for the greedy-equivalence report.
 
@@ -132,7 +137,7 @@ class Executor:
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 kv_dtype=None, record_top2: bool = False):
+                 kv_dtype=None, record_top2: bool = False, mesh=None):
         self.config = scheduler_config
         self.record_top2 = record_top2
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
@@ -150,15 +155,28 @@ class Executor:
         self.kv_dtype = jnp.dtype(cs.dtype if kv_dtype is None else kv_dtype)
         capacity.check(cs, scheduler_config, max_draft_len=max_k, automata=self.slots,
                        kv_dtype=self.kv_dtype)
+        self.mesh = None if mesh is None else sharding.auto_mesh(mesh)
+        data = 1
+        if self.mesh is not None:
+            sharding.check(self.mesh, num_heads=cs.num_heads, num_kv_heads=cs.num_kv_heads,
+                           max_batch_size=scheduler_config.max_batch_size)
+            data, model_size = sharding.sizes(self.mesh)
+            if cs.num_kv_heads % model_size:
+                raise ValueError(f"the model has {cs.num_kv_heads} KV heads for model="
+                                 f"{model_size}: repeat them first (`with_kv_heads`)")
         self.graphdef, self.params = nnx.split(model)
+        if self.mesh is not None:
+            specs = model.param_specs(sharding.MODEL, sharding.sizes(self.mesh)[1])
+            self.params = sharding.place_params(self.mesh, self.params, specs)
         self.vocab_size = model.vocab_size
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
         # Every page table is as wide as the longest sequence allowed: one width per compiled
         # bucket. Attention reads only up to each row's length, whatever the width.
         self.table_cols = scheduler_config.pages_per_seq(max_k)
-        self.batch_buckets = schedule_lib.batch_buckets(
+        # With a mesh, every bucket splits evenly over the data shards.
+        self.batch_buckets = tuple(sorted({-(-b // data) * data for b in schedule_lib.batch_buckets(
             scheduler_config.max_batch_size, self.policy.draft_len_schedule,
-            scheduler_config.batch_buckets)
+            scheduler_config.batch_buckets)}))
         self.gate = self.policy.new_gate()
         # Reversible gating also gates each request on its own acceptance.
         self._request_gates = ({} if self.gate is not None and self.policy.gate == "reversible"
@@ -169,18 +187,34 @@ class Executor:
             self.costs = cost_model or cost_model_lib.StepCostModel(
                 cost_model_lib.default_path(model_key(model)))
             self.widths = adaptive.widths_up_to(max_k)
-        kv = kv_cache.init_pages(
-            num_layers=cs.num_layers, num_pages=self.scheduler.allocator.num_pages,
-            page_size=scheduler_config.page_size, num_kv_heads=cs.num_kv_heads,
-            head_dim=cs.head_dim, dtype=self.kv_dtype)
+        init_kv = functools.partial(
+            kv_cache.init_pages, num_layers=cs.num_layers,
+            num_pages=self.scheduler.allocator.num_pages, page_size=scheduler_config.page_size,
+            num_kv_heads=cs.num_kv_heads, head_dim=cs.head_dim, dtype=self.kv_dtype)
+        if self.mesh is None:
+            kv = init_kv()
+        else:       # zeros made in place: the whole cache never sits on one device
+            kv = jax.jit(init_kv, out_shardings=sharding.NamedSharding(
+                self.mesh, sharding.KV_SPEC))()
         automata = self.slots.new_state() if self.slots else None
-        self.state = step_lib.init_state(kv, automata, draft_len=max_k)
+        self.state = self._placed(step_lib.init_state(kv, automata, draft_len=max_k))
         self.implementation = implementation
         self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
         self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
+
+    def _placed(self, state: step_lib.DeviceState) -> step_lib.DeviceState:
+        """The device state on its mesh shardings (a no-op without a mesh): kept the same from
+        call to call, so no input layout ever compiles a step twice."""
+        if self.mesh is None:
+            return state
+        return sharding.place(state, sharding.state_shardings(self.mesh, state))
+
+    def _rows(self, tree):
+        """Per-row step inputs, split over the mesh's data shards (as they are without one)."""
+        return tree if self.mesh is None else sharding.place_rows(self.mesh, tree)
 
     def _step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
         """One config object per (K, greedy), reused: jit finds its compiled step by identity."""
@@ -193,7 +227,7 @@ class Executor:
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
-                implementation=self.implementation)
+                implementation=self.implementation, mesh=self.mesh)
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests
@@ -373,14 +407,15 @@ class Executor:
         """Copies automata built since the last step to the device, and drafts for the new ones."""
         if self.slots.has_pending:
             sa, mask = self.slots.flush(self.state.sa, self.state.active_mask)
-            self.state = self.state.replace(sa=sa, active_mask=mask)
+            self.state = self._placed(self.state.replace(sa=sa, active_mask=mask))
         if self._unprimed:
             reqs, self._unprimed = self._unprimed, []
             rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
             slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
-            self.state, lens, matches = step_lib.prime_drafts(self.state, slots,
+            self.state, lens, matches = step_lib.prime_drafts(self.state, self._rows(slots),
                                                               cfg=self._step_config(0, True))
-            for r, n, m in zip(reqs, np.asarray(lens), np.asarray(matches), strict=False):
+            lens, matches = sharding.to_host((lens, matches))
+            for r, n, m in zip(reqs, lens, matches, strict=False):
                 r.next_draft_len, r.next_match_len = int(n), int(m)
 
     def _sampling_arrays(self, reqs, rows: int) -> sampling.SamplingArrays:
@@ -402,7 +437,7 @@ class Executor:
         return kv_cache.CacheView(page_table=table,
                                   lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
                                   num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
-                                  implementation=self.implementation)
+                                  implementation=self.implementation, mesh=self.mesh)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first
@@ -416,9 +451,9 @@ class Executor:
         reqs = [c.request for c in chunks]
         view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
         self.state, first, top2 = step_lib.prefill(
-            self.params, self.state, tokens, view, self._sampling_arrays(reqs, rows),
+            self.params, self.state, *self._rows((tokens, view, self._sampling_arrays(reqs, rows))),
             cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
-        first = np.asarray(first)
+        first, top2 = sharding.to_host((first, top2))
         events = []
         for i, c in enumerate(chunks):
             r = c.request
@@ -451,9 +486,9 @@ class Executor:
         traces = step_lib.trace_count("step")
         start = time.perf_counter()
         self.state, out = step_lib.step(
-            self.params, self.state, inputs,
+            self.params, self.state, self._rows(inputs),
             cfg=self._step_config(plan.k, all(r.params.greedy for r in reqs)))
-        out = jax.device_get(out)
+        out = sharding.to_host(out)
         if self.costs is not None and step_lib.trace_count("step") == traces:
             self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1,
                                time.perf_counter() - start)
