@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install install-bench demo test test-fast bench
+.PHONY: install install-bench demo test test-fast bench gpu-check gpu-ship
 
 install: $(VENV)/.installed
 
@@ -39,3 +39,13 @@ test-fast: install
 
 bench: install-bench
 	$(PY) -m benchmarks.run_all
+
+# On a lent GPU: prove the Pallas kernels and time the step (README, "GPU check"); it refuses to
+# run without a GPU. `make gpu-check GPU_CHECK_ARGS=--cpu` is the CPU smoke run `make test` does.
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check --out build/gpu_check $(GPU_CHECK_ARGS)
+
+# Prepares what travels to a device (wheels it lacks, into .whl/), checks the size and prints the
+# device tool's call.
+gpu-ship: install
+	$(PY) -m benchmarks.gpu_ship

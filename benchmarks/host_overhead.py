@@ -36,15 +36,21 @@ MAX_DRAFT_LEN = 5  # AUTO at max_batch_size <= 4
 MAX_MATCHING_NGRAM_SIZE = 3  # AUTO at max_batch_size <= 4
 
 
-def stdlib_byte_tokens(count: int) -> list[int]:
+def stdlib_byte_tokens(count: int, *, recursive: bool = False) -> list[int]:
     """The first `count` bytes of the concatenated stdlib sources, as ints in [0, 256).
+
+    Top-level modules only (about 4.6 MB), or with `recursive` every package's too (12 MB or
+    more; installed packages left out).
 
     Raises:
       ValueError: the stdlib sources are shorter than `count` bytes.
     """
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    paths = (sorted(p for p in stdlib.rglob("*.py")
+                    if not {"site-packages", "dist-packages"} & set(p.relative_to(stdlib).parts))
+             if recursive else sorted(stdlib.glob("*.py")))
     tokens = bytearray()
-    for path in sorted(stdlib.glob("*.py")):
+    for path in paths:
         tokens += path.read_bytes()
         if len(tokens) >= count:
             return list(tokens[:count])

@@ -40,11 +40,18 @@ def machine_description() -> str:
             f"on {jax.default_backend()} ({devices}), Python {platform.python_version()}")
 
 
-def write_section(name: str, markdown: str, *, command: str, path: pathlib.Path = BENCHMARKS_MD):
-    """Replaces (or appends) the section `name` with `markdown`, headed by command and date."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def write_section(name: str, markdown: str, *, command: str, path: pathlib.Path = BENCHMARKS_MD,
+                  machine: str | None = None, stamp: str | None = None):
+    """Replaces (or appends) the section `name` with `markdown`, headed by command and date.
+
+    `machine` and `stamp` describe where and when the numbers were measured (default: this
+    machine, now); a result measured elsewhere and recorded here gives its own.
+    """
+    if stamp is None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = machine_description() if machine is None else machine
     body = (f"<!-- begin:{name} -->\n{markdown.rstrip()}\n\n"
-            f"Command: `{command}` — {stamp}, {machine_description()}.\n<!-- end:{name} -->")
+            f"Command: `{command}` — {stamp}, {machine}.\n<!-- end:{name} -->")
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"<!-- begin:{re.escape(name)} -->.*?<!-- end:{re.escape(name)} -->",
                          re.DOTALL)

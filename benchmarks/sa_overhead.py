@@ -16,6 +16,7 @@ batch 8 (the engine's mean step time) are measured in the same run, side by side
 """
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -57,10 +58,30 @@ def measure_build(stream: list[int], repeats: int) -> dict:
     return seconds
 
 
+def sa_ops(implementation: str | None, *, interpret: bool = False):
+    """`(extend_and_lookup, extend_and_global_search)` of one implementation, called like
+    `ops.sa_extend_and_lookup` without `implementation`. With `interpret`, the Pallas kernels in
+    the Pallas interpreter (any backend, slow: CPU smoke runs), which the switch never picks."""
+    if not interpret:
+        return (functools.partial(ops.sa_extend_and_lookup, implementation=implementation),
+                functools.partial(ops.sa_extend_and_global_search, implementation=implementation))
+    from jaxspec.pallas_kernels import sa_extend
+    from jaxspec.pallas_kernels import sa_global
+
+    return (functools.partial(sa_extend.sa_extend_and_lookup, interpret=True),
+            functools.partial(sa_global.sa_extend_and_global_search, interpret=True))
+
+
 def measure_steps(stream: list[int], history: int, batch_size: int, mode: str, *, steps: int,
-                  warmup: int, implementation: str | None) -> float:
-    """Median seconds of one step that commits K + 1 tokens to every row."""
-    capacity = max(HISTORIES) + (warmup + steps) * (DRAFT_LEN + 1)
+                  warmup: int, implementation: str | None, capacity: int | None = None,
+                  interpret: bool = False) -> float:
+    """Median seconds of one step that commits K + 1 tokens to every row.
+
+    `capacity` defaults to the largest history plus every step's tokens; `interpret` runs the
+    Pallas kernels in the interpreter (`sa_ops`).
+    """
+    if capacity is None:
+        capacity = max(HISTORIES) + (warmup + steps) * (DRAFT_LEN + 1)
     state = sa_layout.init_state(batch_size, capacity)
     for row in range(batch_size):
         built = sa_build.build(stream[row * history:(row + 1) * history], capacity)
@@ -69,14 +90,14 @@ def measure_steps(stream: list[int], history: int, batch_size: int, mode: str, *
     active = jnp.arange(batch_size + 1) < batch_size
     max_ngram_size = MODES[mode]
 
+    lookup, global_search = sa_ops(implementation, interpret=interpret)
+
     def run(state, accepted, num_accepted):
         if mode == "global":
-            return ops.sa_extend_and_global_search(
-                state, slots, accepted, num_accepted, active, draft_len=DRAFT_LEN,
-                max_ngram_size=max_ngram_size, implementation=implementation)
-        return ops.sa_extend_and_lookup(
-            state, slots, accepted, num_accepted, draft_len=DRAFT_LEN,
-            max_ngram_size=max_ngram_size, implementation=implementation)
+            return global_search(state, slots, accepted, num_accepted, active,
+                                 draft_len=DRAFT_LEN, max_ngram_size=max_ngram_size)
+        return lookup(state, slots, accepted, num_accepted, draft_len=DRAFT_LEN,
+                      max_ngram_size=max_ngram_size)
 
     stream = np.asarray(stream, np.int32)
     num_accepted = jnp.full((batch_size,), DRAFT_LEN + 1, jnp.int32)

@@ -20,7 +20,7 @@ from jaxspec.host import cost_model as cost_model_lib
 
 
 def _inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: int,
-            rng) -> step_lib.StepInputs:
+            rng, implementation: str | None = None) -> step_lib.StepInputs:
     # Every row reads the same pages: the step reads and writes as much as with its own.
     table = np.tile(np.arange(1, cols + 1, dtype=np.int32), (rows, 1))
     return step_lib.StepInputs(
@@ -28,7 +28,8 @@ def _inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: i
         drafts=rng.integers(0, vocab, (rows, k)).astype(np.int32),
         draft_lens=np.full((rows,), k, np.int32),
         view=kv_cache.CacheView(page_table=table, lengths=np.full((rows,), context, np.int32),
-                                num_new=np.full((rows,), 1 + k, np.int32)),
+                                num_new=np.full((rows,), 1 + k, np.int32),
+                                implementation=implementation),
         sampling=sampling.SamplingArrays(temperature=np.zeros(rows, np.float32),
                                          top_k=np.zeros(rows, np.int32),
                                          top_p=np.ones(rows, np.float32),
@@ -37,7 +38,8 @@ def _inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: i
 
 
 def profile(model, costs: cost_model_lib.StepCostModel, *, batch_sizes, widths, contexts,
-            repeats: int = 5, page_size: int = 16, progress: bool = True):
+            repeats: int = 5, page_size: int = 16, progress: bool = True,
+            implementation: str | None = None):
     """Times the step at every (rows, width, context) and records the medians in `costs`.
 
     Args:
@@ -45,18 +47,24 @@ def profile(model, costs: cost_model_lib.StepCostModel, *, batch_sizes, widths, 
       costs: the model to fill (saved at the end).
       batch_sizes, widths, contexts: the grid; contexts are cached tokens per row.
       repeats: timed calls per key after the compiling one.
+      implementation: the attention kernel, "pallas", "xla" or None (Pallas on GPU, XLA
+        elsewhere; `jaxspec.device.ops`).
+
+    The KV pages are in the model's dtype (`cache_spec.dtype`), as the executor allocates them.
     """
     graphdef, params = nnx.split(model)
     spec = model.cache_spec
     cols = -(-(max(contexts) + 1 + max(widths)) // page_size)
     kv = kv_cache.init_pages(num_layers=spec.num_layers, num_pages=cols + 1, page_size=page_size,
-                             num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+                             num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                             dtype=spec.dtype)
     state = step_lib.init_state(kv)
     rng = np.random.default_rng(0)
     grid = [(r, k, c) for r in batch_sizes for k in widths for c in contexts]
     for rows, k, context in tqdm(grid, desc="profile", disable=not progress):
-        cfg = step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host")
-        inputs = _inputs(rows, k, context, page_size, cols, model.vocab_size, rng)
+        cfg = step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host",
+                                  implementation=implementation)
+        inputs = _inputs(rows, k, context, page_size, cols, model.vocab_size, rng, implementation)
         state, out = step_lib.step(params, state, inputs, cfg=cfg)      # compiles
         jax.block_until_ready(out)
         for _ in range(repeats):

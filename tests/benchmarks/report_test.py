@@ -14,6 +14,13 @@ def test_sections_are_replaced_in_place_and_others_kept(tmp_path):
     assert "Command: `python -m x --again`" in text
 
 
+def test_a_result_from_elsewhere_keeps_its_machine_and_date(tmp_path):
+    md = tmp_path / "BENCHMARKS.md"
+    report.write_section("gpu", "numbers", command="python -m z", path=md,
+                         machine="NVIDIA H200", stamp="2026-12-01 10:00 UTC")
+    assert "Command: `python -m z` — 2026-12-01 10:00 UTC, NVIDIA H200." in md.read_text()
+
+
 def test_paths_inside_the_checkout_are_recorded_relative():
     assert report.checkout_relative(str(report.ROOT / "benchmarks" / "plots")) == "benchmarks/plots"
     assert report.checkout_relative("/elsewhere/plots") == "/elsewhere/plots"

@@ -15,6 +15,12 @@ class SAOverheadTest(parameterized.TestCase):
                                             implementation="xla")
         self.assertGreater(seconds, 0.0)
 
+    def test_interpreted_kernels_and_a_given_capacity(self):
+        stream = list(range(5)) * 30
+        seconds = sa_overhead.measure_steps(stream, 32, 2, "longest", steps=1, warmup=1,
+                                            implementation="pallas", capacity=48, interpret=True)
+        self.assertGreater(seconds, 0.0)
+
     def test_markdown(self):
         histories, batches = sa_overhead.HISTORIES, (1, sa_overhead.DECODE_BATCH)
         rows = [dict(history=h, batch_size=b, longest=1e-4)

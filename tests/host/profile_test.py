@@ -1,5 +1,7 @@
 """Profiling the step-cost model ahead of time, and `jaxspec profile`."""
 
+import jax.numpy as jnp
+
 from jaxspec import cli
 from jaxspec import models
 from jaxspec.host import cost_model
@@ -28,3 +30,17 @@ def test_cli_profile_and_show(tiny_lm, monkeypatch, capsys):
     assert "| 1 | 0 | 128 |" in capsys.readouterr().out
     assert cli.main(["profile", "--widths", "a,b", "--compile-cache", ""]) == 2
     assert "--widths takes comma-separated integers" in capsys.readouterr().err
+
+
+def test_profile_keeps_the_kv_pages_in_the_models_dtype(tiny_lm, monkeypatch):
+    from jaxspec.device import kv_cache
+    from jaxspec.models import precision
+
+    made = []
+    init_pages = kv_cache.init_pages
+    monkeypatch.setattr(kv_cache, "init_pages",
+                        lambda **kw: made.append(kw["dtype"]) or init_pages(**kw))
+    costs = cost_model.StepCostModel()
+    profile.profile(precision.cast(tiny_lm, "bfloat16"), costs, batch_sizes=[1], widths=[1],
+                    contexts=[20], repeats=1, progress=False, implementation="xla")
+    assert made == [jnp.bfloat16] and len(costs.table()) == 1

@@ -1,0 +1,185 @@
+"""The GPU check's sections (`benchmarks.gpu_check` runs them; its docstring says what each
+covers). Each is `section(run, section)`: it fills the JSON-ready dict `section` as it goes,
+calls `run.save()` after each unit of work worth keeping, stops starting units when
+`run.left()` is spent (listing them under "skipped"), and raises `kernel_check.Mismatch` when a
+kernel disagrees with its reference.
+"""
+
+import statistics
+import time
+
+from flax import nnx
+import numpy as np
+
+from benchmarks import chat_prompts
+from benchmarks import harness
+from benchmarks import host_overhead
+from benchmarks import kernel_check
+from benchmarks import runs
+from benchmarks import sa_overhead
+from benchmarks import workloads
+from jaxspec.host import cost_model
+from jaxspec.host import profile
+from jaxspec.models import llama
+from jaxspec.models import precision
+from jaxspec.models import tiny
+
+ENGINE_RESERVE_S = 150.0        # kept from the step section for the engine when --gguf is given
+FIRST_STEP_KEY_S = 20.0         # assumed time of a step key (compile + timing) before one ran
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                     num_heads=9, num_kv_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
+                     tie_embeddings=True, max_position_embeddings=8192)
+
+
+def kernels(run, section: dict):
+    """The automaton kernels against the reference, every mode at every batch size."""
+    section["cases"], section["skipped"] = [], []
+    for mode in run.sizes.modes:
+        for batch in run.sizes.batches:
+            if run.left() <= 0:
+                section["skipped"].append(f"automaton {mode}, batch {batch}")
+                continue
+            start = time.monotonic()
+            case = kernel_check.check_automaton(
+                batch, mode, histories=run.sizes.histories, capacity=run.sizes.capacity,
+                steps=run.sizes.check_steps, seed=run.seed, interpret=run.cpu)
+            case["seconds"] = time.monotonic() - start
+            section["cases"].append(case)
+            run.log(f"  ok: {case['case']} ({case['steps']} steps, {case['drafted_rows']} of "
+                    f"{case['rows']} rows drafted, {case['seconds']:.1f} s)")
+
+
+def attention(run, section: dict):
+    """The paged-attention kernel against its reference on each attention case."""
+    section["cases"], section["skipped"] = [], []
+    for batch, k, context, dtype in run.sizes.attention:
+        if run.left() <= 0:
+            section["skipped"].append(f"attention batch {batch}, K={k}, context {context}")
+            continue
+        case = kernel_check.check_attention(batch, k, context, dtype, seed=run.seed,
+                                            interpret=run.cpu)
+        section["cases"].append(case)
+        run.log(f"  ok: {case['case']} (largest difference {case['max_abs_error']:.2g})")
+
+
+def sa_timing(run, section: dict):
+    """The automaton's step, both implementations, per history, batch and timed mode."""
+    sizes = run.sizes
+    modes = [kernel_check.TIMED_MODES[m] for m in sizes.modes if m in kernel_check.TIMED_MODES]
+    stream = np.asarray(host_overhead.stdlib_byte_tokens(
+        max(sizes.batches) * max(sizes.histories)
+        + (sizes.timing_warmup + sizes.timing_steps) * (sa_overhead.DRAFT_LEN + 1) + 1,
+        recursive=True), np.int32)
+    section.update(rows=[], skipped=[], steps=sizes.timing_steps, capacity=sizes.capacity,
+                   draft_len=sa_overhead.DRAFT_LEN)
+    for history in sizes.histories:
+        for batch in sizes.batches:
+            for mode in modes:
+                if run.left() <= 0:
+                    section["skipped"].append(f"{mode}, batch {batch}, history {history}")
+                    continue
+                row = dict(history=history, batch=batch, mode=mode)
+                for impl in kernel_check.IMPLEMENTATIONS:
+                    row[f"{impl}_us"] = 1e6 * sa_overhead.measure_steps(
+                        stream, history, batch, mode, steps=sizes.timing_steps,
+                        warmup=sizes.timing_warmup, implementation=impl,
+                        capacity=sizes.capacity, interpret=run.cpu and impl == "pallas")
+                section["rows"].append(row)
+            run.log(f"  history {history}, batch {batch}: " + ", ".join(
+                f"{r['mode']} {r['xla_us']:.0f} / {r['pallas_us']:.0f} us"
+                for r in section["rows"] if (r["history"], r["batch"]) == (history, batch)))
+            run.save()
+
+
+def _model(name: str):
+    """SmolLM2-135M's shapes with random weights, or the tiny test model."""
+    if name == "tiny":
+        return tiny.tiny_model(seed=0)
+    return llama.LlamaForCausalLM(llama.LlamaConfig(**SMOLLM2_SHAPE), rngs=nnx.Rngs(0))
+
+
+def step(run, section: dict):
+    """The jitted step per (dtype, attention, batch, K) of the grid, at every context; a key
+    that the time left (less the engine's share) cannot fit is skipped."""
+    sizes = run.sizes
+    reserve = ENGINE_RESERVE_S if run.gguf and "engine" in run.results["meta"]["sections"] else 0
+    model = _model(sizes.model)
+    models = {}
+    section.update(model=sizes.model, contexts=list(sizes.contexts), repeats=sizes.step_repeats,
+                   rows=[], keys=[], skipped=[])
+    key_seconds = []
+    for dtype, impl, batch, k in sizes.step_grid:
+        needed = statistics.median(key_seconds) if key_seconds else FIRST_STEP_KEY_S
+        if run.left() - reserve < needed:
+            section["skipped"].append(f"{dtype} {impl} batch {batch} K={k}")
+            continue
+        if dtype not in models:
+            models[dtype] = precision.cast(model, dtype)
+        costs = cost_model.StepCostModel()
+        start = time.monotonic()
+        with runs.CompileCounter() as compiles:
+            profile.profile(models[dtype], costs, batch_sizes=[batch], widths=[k],
+                            contexts=list(sizes.contexts), repeats=sizes.step_repeats,
+                            progress=False, implementation=impl)
+        key_seconds.append(time.monotonic() - start)
+        section["keys"].append(dict(dtype=dtype, implementation=impl, batch=batch, k=k,
+                                    seconds=key_seconds[-1], compiles=compiles.count,
+                                    compile_s=compiles.seconds))
+        measured = [dict(dtype=dtype, implementation=impl, batch=r, k=kk, context=c, ms=1e3 * t)
+                    for r, kk, c, t, _ in costs.table()]
+        section["rows"] += measured
+        run.log(f"  {dtype} {impl} batch {batch} K={k}: "
+                + ", ".join(f"{m['context']} {m['ms']:.2f} ms" for m in measured)
+                + f" ({compiles.count} compiles, {compiles.seconds:.1f} s)")
+        run.save()
+
+
+def _synthetic_prompts(count: int, vocab: int) -> list[list[int]]:
+    """Prompts that repeat themselves (something for the automaton to copy), for the tiny model."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab, 12).tolist() * 3 for _ in range(count)]
+
+
+def engine(run, section: dict):
+    """Plain vs SA on code editing with the GGUF model; on CPU the tiny model on synthetic
+    prompts; skipped on a GPU without a GGUF."""
+    sizes = run.sizes
+    if run.gguf:
+        from jaxspec import models
+
+        model, tokenizer = models.load(run.gguf)
+        conversations = workloads.load("code_editing", sizes.engine_prompts)
+        prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
+                                          max_new_tokens=sizes.max_new_tokens)
+        section.update(model=run.gguf, workload="code_editing")
+    elif run.cpu:
+        model, tokenizer = _model("tiny"), None
+        prompts = _synthetic_prompts(sizes.engine_prompts, model.vocab_size)
+        section.update(model="tiny (random weights)", workload="synthetic repeats")
+    else:
+        section.update(status="skipped", reason="no --gguf: the embedded GGUF (94 MiB) does "
+                       "not travel to a device (64 MiB a call)")
+        return
+    section["batches"] = []
+    for batch in sizes.engine_batches:
+        if run.left() <= 0:
+            section.setdefault("skipped", []).append(f"batch {batch}")
+            continue
+        cfg = harness.BenchConfig(workload="code_editing", n=len(prompts), batch_size=batch,
+                                  max_new_tokens=sizes.max_new_tokens,
+                                  repeats=sizes.engine_repeats, methods=("plain", "sa"))
+        results = harness.compare(model, tokenizer, prompts, cfg, progress=False)
+        plain, sa = results["methods"]["plain"], results["methods"]["sa"]
+        section["batches"].append(dict(
+            batch=batch, prompts=len(prompts), max_new_tokens=sizes.max_new_tokens,
+            plain_tokens_per_s=plain["tokens_per_s"], sa_tokens_per_s=sa["tokens_per_s"],
+            speedup=sa["speedup"], mean_acceptance_length=sa.get("mean_acceptance_length"),
+            plain_step_ms=plain.get("mean_step_time_ms"), sa_step_ms=sa.get("mean_step_time_ms"),
+            mismatches=results["mismatches"]))
+        run.log(f"  batch {batch}: plain {plain['tokens_per_s']:.1f} tok/s, SA "
+                f"{sa['tokens_per_s']:.1f} tok/s ({sa['speedup']:.2f}x)")
+        run.save()
+
+
+SECTIONS = dict(kernels=kernels, attention=attention, sa_timing=sa_timing, step=step,
+                engine=engine)
