@@ -58,7 +58,7 @@ SECTIONS = ("kernels", "attention", "sa_timing", "step", "engine")
 RESULT_JSON, RESULT_MD = "gpu_check.json", "gpu_check.md"
 BENCHMARKS_SECTION = "gpu_check"
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "numba", "tokenizers", "gguf", "triton")
-DEFAULT_BUDGET_S = {"gpu": 360.0, "cpu": 600.0}
+DEFAULT_BUDGET_S = {"gpu": 300.0, "cpu": 600.0}
 
 
 def _gpu_step_grid() -> tuple[tuple[str, str, int, int], ...]:
