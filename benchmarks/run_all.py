@@ -31,7 +31,14 @@ DEFAULT_N = 2
 N_OVERRIDES = {"document_qa": 1, "long_document_qa": 1}
 # Methods other than the harness's default (all of them): the oracle's extra passes of a 5k-token
 # prefill buy no goal of long_document_qa's.
-METHOD_OVERRIDES = {"long_document_qa": ("plain", "sa", "ngram", "auto", "hf_greedy", "hf_pld")}
+METHOD_OVERRIDES = {"long_document_qa": ("plain", "sa", "ngram", "auto", "hf_greedy", "hf_pld"),
+                    "mtbench_turn1": ("plain", "sa", "ngram", "auto", "hf_greedy")}
+# Issue 13's goals are over 192 new tokens; on code editing, adaptive SA (up to K=16) against HF
+# prompt lookup at K=10. Later arguments win, so these follow the common ones.
+EXTRA_ARGS = {"code_editing": ("--max-new-tokens", "192", "--max-draft-len", "16", "--adaptive",
+                               "--pld-draft-len", "10"),
+              "mtbench_turn1": ("--max-new-tokens", "192")}
+EXTRA_TOKENS = {"code_editing": 192, "mtbench_turn1": 192}
 JAXSPEC_METHODS = ("plain", "sa", "ngram", "auto", "oracle")
 CONTEXTS = "128,512,1024,2048,4096,8000"
 # Cost model (seconds) of a quiet 2-core x86-64 machine, fitted on runs there (load average ~1):
@@ -51,7 +58,9 @@ SPEC_SPEEDUP = 1.5              # typical decode speedup of the speculating meth
 COMPILE_S_PER_METHOD = 8.0
 LOAD_S = 20.0                   # SmolLM2 for jaxspec + transformers' GGUF load
 CONVERT_S = 9.0                 # jaxspec's first load of the GGUF: dequantize, write its cache
-FIXED_STEP_S = {"host_overhead": 15.0, "sa_overhead": 65.0}  # measured, quiet machine
+FIXED_STEP_S = {"host_overhead": 15.0, "sa_overhead": 65.0,  # measured, quiet machine
+                "mesh": 300.0, "equivalence": 240.0}            # guessed
+EQUIVALENCE_WORKLOADS = ("code_editing", "mtbench")
 LONG_CONTEXT_TOKENS = 1024
 LONG_CONTEXT_SLOPE = 3000.0
 HF_ONE_PREFILL_SAMPLE_TOKENS = 2048  # runs.ONE_PREFILL_SAMPLE_TOKENS (that module imports jax)
@@ -167,9 +176,11 @@ def plan(args) -> list[Step]:
         methods = METHOD_OVERRIDES.get(workload)
         steps.append(Step(f"harness:{workload}",
                           py + ("benchmarks.harness", "--workload", workload, "--n", str(n))
-                          + (("--methods", ",".join(methods)) if methods else ()) + common,
-                          harness_estimate(workload, n, args.max_new_tokens, args.repeats,
-                                           methods)))
+                          + (("--methods", ",".join(methods)) if methods else ()) + common
+                          + EXTRA_ARGS.get(workload, ()),
+                          harness_estimate(workload, n,
+                                           EXTRA_TOKENS.get(workload, args.max_new_tokens),
+                                           args.repeats, methods)))
     batch_sizes = [int(b) for b in args.sweep_batch_sizes.split(",")]
     steps.append(Step("sweep", py + (
         "benchmarks.sweep", "--workload", args.sweep_workload, "--batch-sizes",
@@ -183,6 +194,12 @@ def plan(args) -> list[Step]:
         str(args.max_new_tokens), "--repeats", str(args.context_repeats), "--plots",
         str(args.plots)) + write,
         context_sweep_estimate(contexts, args.max_new_tokens, args.context_repeats)))
+    for workload in EQUIVALENCE_WORKLOADS:
+        steps.append(Step(f"equivalence:{workload}", py + (
+            "benchmarks.equivalence", "--workload", workload, "--n", str(DEFAULT_N),
+            "--max-new-tokens", str(args.max_new_tokens), "--methods", "sa,ngram,auto",
+            "--dtypes", "float32,bfloat16") + write, FIXED_STEP_S["equivalence"]))
+    steps.append(Step("mesh", py + ("benchmarks.mesh",) + write, FIXED_STEP_S["mesh"]))
     return steps
 
 

@@ -94,7 +94,8 @@ def test_config_validation_and_normalisation():
     for kwargs, match in [(dict(workload="nope"), "unknown workload"),
                           (dict(methods=("sa", "medusa")), "unknown methods"),
                           (dict(n=0), "n must be"), (dict(repeats=True), "repeats must be"),
-                          (dict(max_draft_len=1.5), "max_draft_len must be")]:
+                          (dict(max_draft_len=1.5), "max_draft_len must be"),
+                          (dict(pld_draft_len=0), "pld_draft_len must be")]:
         with pytest.raises(ValueError, match=match):
             harness.BenchConfig(**kwargs)
 
@@ -104,6 +105,20 @@ def test_spec_for_each_method():
     assert harness.spec_for("sa", 4) == config_lib.SAConfig(max_draft_len=4)
     assert harness.spec_for("ngram", 4).max_draft_len == 4
     assert harness.spec_for("auto", 4) == config_lib.AutoConfig()
+    assert harness.spec_for("sa", 16, adaptive=True) == config_lib.SAConfig(max_draft_len=16,
+                                                                             adaptive=True)
+    assert harness.spec_for("ngram", 8, adaptive=True).adaptive
+    assert harness.spec_for("auto", None, adaptive=True) == config_lib.AutoConfig()
+
+
+def test_prompt_lookup_draft_length_apart(scripted):
+    script = scripted()
+    cfg = harness.BenchConfig(methods=("sa", "hf_pld"), repeats=1, max_draft_len=16,
+                              adaptive=True, pld_draft_len=10)
+    results = harness.compare(None, None, PROMPTS, cfg, hf=FakeHF(), progress=False)
+    assert set(script.lookups) == {10}
+    assert "K=16 (SA and NGram adaptive, up to K), HF prompt lookup K=10" in harness.markdown(
+        results)
 
 
 def test_protocol_and_arithmetic(scripted):
@@ -160,7 +175,8 @@ def test_long_document_qa_goals(scripted):
     assert goals[0].startswith("- jaxspec SA / jaxspec plain: ") and "goal >= 1.5" in goals[0]
     assert goals[1].startswith("- jaxspec SA / HF prompt lookup: ") and "goal >= 1.3" in goals[1]
     assert goals[2] == "- jaxspec SA token-identical to jaxspec plain: no (goal: not met)"
-    assert "Goals (issue 12; drafting overhead: issue 6):" in harness.markdown(results)
+    assert "Goals (issue 12; AUTO vs plain: issue 13; drafting overhead: issue 6):" in (
+        harness.markdown(results))
 
 
 def test_label_and_a_short_hf_warm_up(scripted, monkeypatch):

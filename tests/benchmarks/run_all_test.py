@@ -11,7 +11,8 @@ def test_default_plan(capsys):
     steps = run_all.plan_from([])
     names = [s.name for s in steps]
     assert names == ["host_overhead", "sa_overhead", "plain_vs_hf",
-                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep", "context_sweep"]
+                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep", "context_sweep",
+                     "equivalence:code_editing", "equivalence:mtbench", "mesh"]
     assert all(("--write" in s.argv) != ("overhead" in s.name) for s in steps)
     for s in steps[2:]:
         assert s.name in out
@@ -21,8 +22,12 @@ def test_default_plan(capsys):
         assert step.argv[step.argv.index("--n") + 1] == n
     qa = steps[names.index("harness:long_document_qa")]
     assert qa.argv[qa.argv.index("--methods") + 1] == "plain,sa,ngram,auto,hf_greedy,hf_pld"
-    assert "--methods" not in steps[names.index("harness:code_editing")].argv
-    context = steps[-1]
+    editing = steps[names.index("harness:code_editing")].argv
+    assert "--methods" not in editing and "--adaptive" in editing
+    # Issue 13's settings come after the common ones, so they win.
+    assert editing[len(editing) - 1 - editing[::-1].index("--max-new-tokens") + 1] == "192"
+    assert editing[editing.index("--pld-draft-len") + 1] == "10"
+    context = steps[names.index("context_sweep")]
     assert context.argv[context.argv.index("--contexts") + 1] == "128,512,1024,2048,4096,8000"
     assert context.argv[context.argv.index("--repeats") + 1] == "2"
     assert "--write" in context.argv and "--plots" in context.argv
@@ -59,13 +64,15 @@ def test_skip_and_overrides():
     steps = run_all.plan_from(["--skip", "sa_overhead,harness:mtbench", "--n", "3",
                                "--workloads", "mtbench,humaneval"])
     assert [s.name for s in steps] == ["host_overhead", "plain_vs_hf", "harness:humaneval",
-                                       "sweep", "context_sweep"]
+                                       "sweep", "context_sweep", "equivalence:code_editing",
+                                       "equivalence:mtbench", "mesh"]
     assert steps[2].argv[steps[2].argv.index("--n") + 1] == "3"
     with pytest.raises(SystemExit):
         run_all.plan_from(["--skip", "nonsense"])
     steps = run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1",
                                "--skip", "context_sweep"])
     assert "context_sweep" not in [s.name for s in steps]
-    context = run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1"])[-1]
+    context = [s for s in run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1"])
+               if s.name == "context_sweep"][0]
     assert context.argv[context.argv.index("--contexts") + 1] == "128,1024"
     assert context.argv[context.argv.index("--repeats") + 1] == "1"

@@ -1,4 +1,4 @@
-"""The batch sweep's protocol and its 5% check, on scripted passes."""
+"""The batch sweep's protocol and its checks (schedule 5%, AUTO 2%), on scripted passes."""
 
 import json
 
@@ -10,7 +10,7 @@ from jaxspec import config as config_lib
 
 PROMPTS = [[i + 1] for i in range(4)]
 # Decode seconds per method and batch size; fixed K is the best baseline at 10 tokens per prompt.
-WALLS = {("off", 1): 1.0, ("fixed", 1): 0.5, ("schedule", 1): 0.5 / 0.96, ("auto", 1): 0.5,
+WALLS = {("off", 1): 1.0, ("fixed", 1): 0.5, ("schedule", 1): 0.5 / 0.96, ("auto", 1): 0.5 / 0.97,
          ("off", 2): 1.0, ("fixed", 2): 0.5, ("schedule", 2): 0.5 / 0.9, ("auto", 2): 0.25}
 
 
@@ -63,12 +63,16 @@ def test_check_within_five_percent_of_the_best(calls):
     assert one["schedule_vs_best"] == pytest.approx(0.96) and one["schedule_ok"]
     assert two["schedule_vs_best"] == pytest.approx(0.9) and not two["schedule_ok"]
     assert two["auto_vs_best"] == pytest.approx(2.0) and two["auto_ok"]
+    # AUTO's bar is 2% below the best of all three: 0.97 misses it where 0.96 passes the schedule.
+    assert one["auto_vs_best"] == pytest.approx(0.97) and not one["auto_ok"]
     assert results["mismatches"] == []
     json.dumps(results)
     text = sweep.markdown(results, workload="humaneval")
     assert "0.900 MISSED" in text and "0.960 ok" in text
     assert "| 0.50% |" in text
-    assert "at every batch size: no" in text
+    assert "{fixed K, off} at every batch size: no" in text
+    assert "{fixed K, schedule, off} at every batch size: no" in text
+    assert "at most 0.50% (goal < 1%: met)" in text
     assert "At batch 1, 2 the schedule drafts the same K as fixed K" in text
 
 
