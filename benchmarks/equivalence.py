@@ -99,20 +99,27 @@ def first_divergence(plain: engine_lib.Generation, spec: engine_lib.Generation,
                       tolerance=tolerance(dtype, scale), noise=noise)
 
 
-def compare(model, tokenizer, prompts, *, method: str, dtype: str, max_new_tokens: int,
-            batch_size: int = 1) -> dict:
-    """Plain and `method` greedy on every prompt, in `dtype`; the per-request report."""
+def compare(model, tokenizer, prompts, *, methods, dtype: str, max_new_tokens: int,
+            batch_size: int = 1) -> list[dict]:
+    """Plain greedy once, then each of `methods`, on every prompt in `dtype`: one report per
+    method (per request: identical or the first divergence explained; the steady tokens/s of
+    plain and of the method, compilation left out)."""
     scheduler = runs.scheduler_for(prompts, max_new_tokens, batch_size)
     engine = engine_lib.Engine(model, tokenizer, spec="none", scheduler=scheduler, dtype=dtype,
                                record_top2=True)
-    outputs = {}
-    for name in ("plain", method):
+    results = {}
+    for name in ("plain", *methods):
         spec = "none" if name == "plain" else engine_lib.spec_from_name(
-            method, None if method == "auto" else engine_lib.DEFAULT_DRAFT_LEN)
-        outputs[name] = engine.generate_batch([list(p) for p in prompts],
-                                              max_new_tokens=max_new_tokens, spec=spec).generations
+            name, None if name == "auto" else engine_lib.DEFAULT_DRAFT_LEN)
+        results[name] = engine.generate_batch([list(p) for p in prompts],
+                                              max_new_tokens=max_new_tokens, spec=spec)
+    return [_report(results["plain"], results[m], method=m, dtype=dtype) for m in methods]
+
+
+def _report(plain_result, spec_result, *, method: str, dtype: str) -> dict:
     rows = []
-    for i, (plain, spec) in enumerate(zip(outputs["plain"], outputs[method], strict=True)):
+    pairs = zip(plain_result.generations, spec_result.generations, strict=True)
+    for i, (plain, spec) in enumerate(pairs):
         d = first_divergence(plain, spec, dtype)
         rows.append({"request": i, "identical": d is None, "tokens": len(plain.token_ids),
                      "divergence": None if d is None else {
@@ -123,6 +130,8 @@ def compare(model, tokenizer, prompts, *, method: str, dtype: str, max_new_token
                          "tolerance": d.tolerance, "noise": d.noise, "verdict": d.verdict}})
     diverged = [r["divergence"] for r in rows if r["divergence"]]
     return {"method": method, "dtype": dtype, "requests": len(rows),
+            "plain_tokens_per_s": plain_result.stats["steady_tokens_per_s"],
+            "tokens_per_s": spec_result.stats["steady_tokens_per_s"],
             "identical": sum(r["identical"] for r in rows),
             "median_first_divergence": (statistics.median(d["position"] for d in diverged)
                                         if diverged else None),
@@ -134,13 +143,14 @@ def markdown(workload: str, reports: list[dict]) -> str:
     """The summary table, then one line per divergence."""
     lines = [f"## Greedy equivalence: `{workload}`", "",
              "| method | dtype | token-identical | median first divergence | numerics ties "
-             "| bugs |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| bugs | plain tok/s | method tok/s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in reports:
         median = "–" if r["median_first_divergence"] is None else r["median_first_divergence"]
         lines.append(f"| {r['method']} | {r['dtype']} | {r['identical']}/{r['requests']} "
                      f"({100 * r['identical'] / r['requests']:.0f}%) | {median} | {r['ties']} | "
-                     f"{r['bugs']} |")
+                     f"{r['bugs']} | {_rate(r['plain_tokens_per_s'])} | "
+                     f"{_rate(r['tokens_per_s'])} |")
     details = [(r, row["request"], row["divergence"]) for r in reports for row in r["rows"]
                if row["divergence"]]
     if details:
@@ -152,11 +162,34 @@ def markdown(workload: str, reports: list[dict]) -> str:
                          f"{d['margins'][0]:.4g} / {d['margins'][1]:.4g} | "
                          f"{d['tolerance']:.3g} | {d['noise']:.3g} | {d['source']} | "
                          f"{d['verdict']} |")
+    speeds = _dtype_speeds(reports)
+    if speeds:
+        lines += ["", speeds]
     lines += ["", f"A divergence is a numerics tie when both margins (top-1 minus top-2 logit) "
                   f"are within {TIE_ULPS} ulps of the dtype at the top logit's magnitude; "
                   f"'noise before' is the largest top-1 logit difference between the runs before "
                   f"the divergence."]
     return "\n".join(lines)
+
+
+def _rate(value) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _dtype_speeds(reports: list[dict]) -> str:
+    """bfloat16 against float32 on this machine: plain and each method's steady tokens/s."""
+    by = {(r["method"], r["dtype"]): r for r in reports}
+    parts = []
+    for method in dict.fromkeys(r["method"] for r in reports):
+        full, half = by.get((method, "float32")), by.get((method, "bfloat16"))
+        if full and half and full["tokens_per_s"] and half["tokens_per_s"]:
+            parts.append(f"{method} {half['tokens_per_s'] / full['tokens_per_s']:.2f}x")
+    plain = [(r["dtype"], r["plain_tokens_per_s"]) for r in reports if r["plain_tokens_per_s"]]
+    plain = dict(plain)
+    if "float32" not in plain or "bfloat16" not in plain or not parts:
+        return ""
+    return (f"bfloat16 / float32 steady tokens/s (one pass each, compilation left out): plain "
+            f"{plain['bfloat16'] / plain['float32']:.2f}x, " + ", ".join(parts) + ".")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -193,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = models.load(None, dtype="float32")
     prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
                                       max_new_tokens=args.max_new_tokens)
-    reports = [compare(model, tokenizer, prompts, method=m, dtype=d,
-                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-               for d in dtypes for m in methods]
+    reports = [r for d in dtypes
+               for r in compare(model, tokenizer, prompts, methods=methods, dtype=d,
+                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)]
     text = markdown(args.workload, reports) + "\n\n" + runs.load_note(load_start,
                                                                       runs.load_average())
     if args.json:

@@ -45,13 +45,23 @@ def test_a_shorter_output_diverges_where_it_ends():
 def test_tiny_model_report(tiny_lm, dtype):
     """float32 speculation is token-identical; in bfloat16 whatever diverges is a numerics tie."""
     prompts = random_prompts(4, [9, 13, 7], alphabet_size=4)
-    report = equivalence.compare(tiny_lm, None, prompts, method="sa", dtype=dtype,
-                                 max_new_tokens=24, batch_size=2)
-    assert report["requests"] == 3 and report["bugs"] == 0
-    if dtype == "float32":
-        assert report["identical"] == 3
-    text = equivalence.markdown("tiny", [report])
-    assert f"| sa | {dtype} |" in text
+    reports = equivalence.compare(tiny_lm, None, prompts, methods=("sa", "ngram"), dtype=dtype,
+                                  max_new_tokens=24, batch_size=2)
+    assert [r["method"] for r in reports] == ["sa", "ngram"]
+    for report in reports:
+        assert report["requests"] == 3 and report["bugs"] == 0
+        assert report["plain_tokens_per_s"] > 0 and report["tokens_per_s"] > 0
+        if dtype == "float32":
+            assert report["identical"] == 3
+    text = equivalence.markdown("tiny", reports)
+    assert f"| sa | {dtype} |" in text and f"| ngram | {dtype} |" in text
+
+
+def test_dtype_speeds_line():
+    reports = [dict(method="sa", dtype=d, plain_tokens_per_s=p, tokens_per_s=t, requests=1,
+                    identical=1, median_first_divergence=None, ties=0, bugs=0, rows=[])
+               for d, p, t in (("float32", 20.0, 40.0), ("bfloat16", 10.0, 30.0))]
+    assert "plain 0.50x, sa 0.75x." in equivalence.markdown("w", reports)
 
 
 def test_main_rejects_unknown_names():
