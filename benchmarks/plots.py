@@ -22,6 +22,22 @@ def _pyplot():
     return pyplot
 
 
+def _save(plt, fig, path: pathlib.Path) -> pathlib.Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _save_lines(plt, fig, ax, path: pathlib.Path, title: str) -> pathlib.Path:
+    """A line chart's title, grid and legend, then `_save`."""
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(plt, fig, path)
+
+
 def acceptance_histograms(histograms: Mapping[str, Mapping[str, int]], path: pathlib.Path,
                           *, title: str) -> pathlib.Path:
     """One bar chart per method of its acceptance-length histogram, side by side.
@@ -51,11 +67,7 @@ def acceptance_histograms(histograms: Mapping[str, Mapping[str, int]], path: pat
         ax.set_xticks(list(lengths))
     axes[0][0].set_ylabel("share of verify steps")
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def throughput_vs_batch(batch_sizes: Sequence[int], tokens_per_s: Mapping[str, Sequence[float]],
@@ -84,14 +96,7 @@ def throughput_vs_batch(batch_sizes: Sequence[int], tokens_per_s: Mapping[str, S
     ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
     ax.set_xlabel("batch size")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save_lines(plt, fig, ax, path, title)
 
 
 def step_time_vs_context(contexts: Sequence[int], step_ms: Mapping[str, Sequence[float | None]],
@@ -131,11 +136,4 @@ def step_time_vs_context(contexts: Sequence[int], step_ms: Mapping[str, Sequence
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("decode step time (ms)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save_lines(plt, fig, ax, path, title)
