@@ -19,6 +19,8 @@ Sections, in this order (`--sections` picks some):
              bfloat16 and float32, Pallas and XLA attention, contexts 512 to 8k.
   engine     with `--gguf PATH`: plain vs SA tokens/s on code editing (`benchmarks.harness`).
              Without it, skipped: the embedded GGUF (94 MiB) cannot travel to a device (64 MiB).
+  mesh       the engine without a mesh and on a 1 x 1 mesh (the sharded code path) on this one
+             device, plain and SA, bfloat16 SmolLM2 shapes: same tokens, step time of each.
 
 The sections live in `benchmarks.gpu_sections`; this module holds the sizes, the output and the
 command line.
@@ -54,7 +56,7 @@ import traceback
 
 from benchmarks import gpu_sections
 
-SECTIONS = ("kernels", "attention", "sa_timing", "step", "engine")
+SECTIONS = ("kernels", "attention", "sa_timing", "step", "engine", "mesh")
 RESULT_JSON, RESULT_MD = "gpu_check.json", "gpu_check.md"
 BENCHMARKS_SECTION = "gpu_check"
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "numba", "tokenizers", "gguf", "triton")
@@ -292,6 +294,13 @@ def markdown(results: dict) -> str:
                       f"| {b['speedup']:.2f}x | {_fmt(b['mean_acceptance_length'])} "
                       f"| {_fmt(b['plain_step_ms'], '.1f')} / {_fmt(b['sa_step_ms'], '.1f')} "
                       f"| {len(b['mismatches'])} |" for b in section["batches"]]
+        if name == "mesh" and section.get("rows"):
+            from benchmarks import mesh as mesh_bench
+
+            rows = [dict(r, mesh=r["mesh"] and tuple(r["mesh"])) for r in section["rows"]]
+            lines += ["", f"Model {section['model']} (random weights), 2 synthetic prompts; "
+                      "median step of the passes after the compiling one.", "",
+                      *mesh_bench.table(rows)]
         if section.get("skipped"):
             lines += ["", f"Skipped for time ({len(section['skipped'])}): "
                       + "; ".join(section["skipped"]) + "."]

@@ -181,5 +181,23 @@ def engine(run, section: dict):
         run.save()
 
 
+def mesh(run, section: dict):
+    """The engine without a mesh and with a 1 x 1 mesh on this one device (the mesh code path:
+    shardings, shard_map), plain and SA on synthetic prompts: the same tokens, and the step
+    time of each (issue 14: the single-device path no slower)."""
+    from benchmarks import mesh as mesh_bench
+
+    model = _model(run.sizes.model)
+    if not run.cpu:
+        model = precision.cast(model, "bfloat16")
+    rows = mesh_bench.measure([None, (1, 1)], n=2, max_new_tokens=run.sizes.max_new_tokens,
+                              repeats=run.sizes.engine_repeats, model=model,
+                              prompts=_synthetic_prompts(2, model.vocab_size))
+    section.update(model=run.sizes.model, rows=[dict(r, mesh=r["mesh"] and list(r["mesh"]))
+                                                for r in rows])
+    if not all(r["identical"] for r in rows):
+        raise RuntimeError("the mesh code path changed the tokens")
+
+
 SECTIONS = dict(kernels=kernels, attention=attention, sa_timing=sa_timing, step=step,
-                engine=engine)
+                engine=engine, mesh=mesh)

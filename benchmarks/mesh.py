@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from benchmarks import report
+from benchmarks import runs
 
 SECTION = "mesh"
 DEFAULT_MESHES = "none,1x1,1x3,2x1,2x3"
@@ -41,23 +42,26 @@ def parse_meshes(text: str) -> list[tuple[int, int] | None]:
     return shapes
 
 
-def measure(shapes, *, n: int, max_new_tokens: int, repeats: int, tiny: bool = False) -> list:
-    """Runs in the subprocess: one row per (shape, spec)."""
+def measure(shapes, *, n: int, max_new_tokens: int, repeats: int, tiny: bool = False,
+            model=None, tokenizer=None, prompts=None) -> list:
+    """One row per (shape, spec): SmolLM2 on code editing, the tiny model (`tiny`), or the
+    given `model`, `tokenizer` and `prompts` (token ids). Runs where the devices are: the
+    subprocess `main` starts, or the GPU check on one GPU."""
     import jax
 
-    from benchmarks import chat_prompts
-    from benchmarks import runs
-    from benchmarks import workloads
     import jaxspec as js
-    from jaxspec import models
     from jaxspec.device import sharding
 
-    if tiny:
+    if model is None and tiny:
         from jaxspec.models import tiny as tiny_lib
 
         model, tokenizer = tiny_lib.tiny_model(seed=0), None
         prompts = [[1, 2, 3, 1, 2, 3, 1, 2] * 2, [5, 6, 7, 5, 6, 7]][:n]
-    else:
+    elif model is None:
+        from benchmarks import chat_prompts
+        from benchmarks import workloads
+        from jaxspec import models
+
         model, tokenizer = models.load(None)
         prompts = chat_prompts.prompt_ids(model, tokenizer, workloads.load("code_editing", n),
                                           max_new_tokens=max_new_tokens, batch_size=n)
@@ -82,9 +86,25 @@ def measure(shapes, *, n: int, max_new_tokens: int, repeats: int, tiny: bool = F
     return rows
 
 
-def markdown(rows: list[dict], *, n: int, max_new_tokens: int, repeats: int) -> str:
+def table(rows: list[dict]) -> list[str]:
+    """The rows as a Markdown table, each against the same spec without a mesh."""
     base = {r["spec"]: r for r in rows if r["mesh"] is None}
-    lines = [
+    lines = ["| mesh (data x model) | spec | step ms | vs none | weights MiB/device | share | "
+             "KV MiB/device | share | tokens |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        b = base.get(r["spec"], r)
+        mesh = "none" if r["mesh"] is None else f"{r['mesh'][0]}x{r['mesh'][1]}"
+        lines.append(
+            f"| {mesh} | {r['spec']} | {r['step_ms']:.1f} | {r['step_ms'] / b['step_ms']:.2f}x | "
+            f"{r['weights_mib']:.1f} | {r['weights_mib'] / b['weights_mib']:.3f} | "
+            f"{r['kv_mib']:.1f} | {r['kv_mib'] / b['kv_mib']:.3f} | "
+            f"{'identical' if r['identical'] else 'DIFFERENT'} |")
+    return lines
+
+
+def markdown(rows: list[dict], *, n: int, max_new_tokens: int, repeats: int) -> str:
+    return "\n".join([
         "## Many devices: per-device memory and step time vs mesh (CPU virtual devices)",
         "",
         f"A functional check, not a speed claim: SmolLM2-135M on `code_editing` ({n} prompts at "
@@ -94,19 +114,7 @@ def markdown(rows: list[dict], *, n: int, max_new_tokens: int, repeats: int) -> 
         "largest per-device share; *tokens* compares with the engine without a mesh. `none` is "
         "the single-device path, `1x1` the mesh code path on one device.",
         "",
-        "| mesh (data x model) | spec | step ms | vs none | weights MiB/device | share | "
-        "KV MiB/device | share | tokens |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in rows:
-        b = base.get(r["spec"], r)
-        mesh = "none" if r["mesh"] is None else f"{r['mesh'][0]}x{r['mesh'][1]}"
-        lines.append(
-            f"| {mesh} | {r['spec']} | {r['step_ms']:.1f} | {r['step_ms'] / b['step_ms']:.2f}x | "
-            f"{r['weights_mib']:.1f} | {r['weights_mib'] / b['weights_mib']:.3f} | "
-            f"{r['kv_mib']:.1f} | {r['kv_mib'] / b['kv_mib']:.3f} | "
-            f"{'identical' if r['identical'] else 'DIFFERENT'} |")
-    return "\n".join(lines)
+        *table(rows)])
 
 
 def main(argv: list[str] | None = None) -> int:

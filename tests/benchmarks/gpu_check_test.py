@@ -35,12 +35,15 @@ def test_cpu_run_covers_every_section(tmp_path):
     assert {(k["dtype"], k["batch"], k["k"]) for k in sections["step"]["keys"]} == {
         (d, b, k) for d, _, b, k in sizes.step_grid}
     assert sections["engine"]["batches"][0]["mismatches"] == []
+    assert [(r["mesh"], r["spec"], r["identical"]) for r in sections["mesh"]["rows"]] == [
+        (None, "none", True), (None, "sa", True), ([1, 1], "none", True), ([1, 1], "sa", True)]
     table = (out / gpu_check.RESULT_MD).read_text()
     assert table.startswith("## GPU check") and "CPU smoke run" in table
     for heading in gpu_check.SECTIONS:
         assert f"### {heading}: ok" in table
     assert "| automaton global-fixed-2, batch 3 |" in table
     assert "| float32 | xla | 1 | 512 |" in table
+    assert "| 1x1 | sa |" in table
     assert table.strip() in proc.stdout                     # the table is printed too
 
 
