@@ -1,5 +1,6 @@
 """The harness: protocol and arithmetic on scripted passes, then the real loop on the tiny model."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -32,10 +33,11 @@ def method_of(spec) -> str:
 class Script:
     """Stands in for `runs.run_jaxspec` / `runs.run_hf`: scripted outputs and wall times."""
 
-    def __init__(self, corrupt=()):
+    def __init__(self, corrupt=(), compiles=None):
         self.calls = {}
         self.corrupt = set(corrupt)        # (method, prompt) pairs whose output is wrong
         self.lookups = []
+        self.compiles = compiles or {}     # method -> compilations of its 1st, 2nd, ... pass
 
     def run(self, method, prefill_s):
         n = self.calls.get(method, 0)
@@ -51,7 +53,10 @@ class Script:
                          acceptance_rate=0.5, mean_acceptance_length=2.0, k_mean=5.0,
                          acceptance_length_histogram={"1": 2, "3": 2}, decode_steps=4,
                          per_position_acceptance=[0.5])
-        return runs.Run(outputs=outputs, wall_s=walls[n], prefill_s=prefill_s, stats=stats)
+        compiles = self.compiles.get(method, [])
+        return runs.Run(outputs=outputs, wall_s=walls[min(n, len(walls) - 1)],
+                        prefill_s=prefill_s, stats=stats,
+                        compiles=compiles[n] if n < len(compiles) else 0)
 
     def jaxspec(self, model, tokenizer, prompts, *, spec, max_new_tokens, scheduler):
         assert [list(p) for p in prompts] == PROMPTS
@@ -78,8 +83,8 @@ class FakeHF:
 
 @pytest.fixture
 def scripted(monkeypatch):
-    def install(corrupt=()):
-        script = Script(corrupt)
+    def install(corrupt=(), compiles=None):
+        script = Script(corrupt, compiles)
         monkeypatch.setattr(runs, "run_jaxspec", script.jaxspec)
         monkeypatch.setattr(runs, "run_hf", script.hf)
         return script
@@ -153,6 +158,24 @@ def test_protocol_and_arithmetic(scripted):
     goals = harness.goal_lines(results)
     assert any("SA / HF prompt lookup" in g and "decode only: " in g for g in goals)
     assert any("drafting overhead: 1.00%" in g and ": met;" in g for g in goals)
+
+
+def test_adaptive_methods_warm_up_until_nothing_compiles(scripted):
+    script = scripted(compiles={"auto": [5, 2, 1, 0, 0, 0], "sa": [3, 1, 0, 0, 0],
+                                "plain": [2, 0, 0, 0]})
+    cfg = harness.BenchConfig(methods=("sa", "auto"), repeats=2)
+    results = harness.compare(None, None, PROMPTS, cfg, progress=False)
+    # sa is not adaptive here: one warm-up; auto warms up MAX_WARMUPS times, still compiling.
+    assert script.calls == {"plain": 3, "sa": 3, "auto": harness.MAX_WARMUPS + 2}
+    m = results["methods"]
+    assert (m["sa"]["compiles_warmup"], m["sa"]["compiles_timed"]) == (3, 1)
+    assert (m["auto"]["compiles_warmup"], m["auto"]["compiles_timed"]) == (8, 0)
+    script = scripted(compiles={"sa": [3, 0, 1, 0]})
+    results = harness.compare(None, None, PROMPTS, dataclasses.replace(cfg, adaptive=True),
+                              progress=False)
+    assert script.calls["sa"] == 2 + 2                      # stopped once a pass compiled nothing
+    sa = results["methods"]["sa"]
+    assert (sa["compiles_warmup"], sa["compiles_timed"]) == (3, 1)
 
 
 def test_mismatches_are_reported_once_against_the_right_reference(scripted, capsys):
