@@ -98,12 +98,15 @@ class _Plan:
     draft_seconds: float       # host drafting time
 
 
-def model_key(model) -> str:
-    """Names a model's architecture and size for its step-cost file (weights do not matter)."""
+def model_key(model, kv_dtype=None) -> str:
+    """Names what a step costs for its step-cost file: the architecture, size and dtypes of the
+    weights and KV pages (not the weights' values). `kv_dtype` None: the model's dtype."""
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     spec = model.cache_spec
+    dtype = jnp.dtype(spec.dtype).name
+    kv = jnp.dtype(spec.dtype if kv_dtype is None else kv_dtype).name
     return (f"{type(model).__name__}-L{spec.num_layers}-kv{spec.num_kv_heads}x{spec.head_dim}"
-            f"-V{model.vocab_size}-P{params}")
+            f"-V{model.vocab_size}-P{params}-{dtype}" + ("" if kv == dtype else f"-kv_{kv}"))
 
 
 class Executor:
@@ -185,7 +188,7 @@ class Executor:
         if self.policy.adaptive:
             self.predictor = acceptance.AcceptancePredictor(max_positions=max_k)
             self.costs = cost_model or cost_model_lib.StepCostModel(
-                cost_model_lib.default_path(model_key(model)))
+                cost_model_lib.default_path(model_key(model, self.kv_dtype)))
             self.widths = adaptive.widths_up_to(max_k)
         init_kv = functools.partial(
             kv_cache.init_pages, num_layers=cs.num_layers,

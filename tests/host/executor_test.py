@@ -127,3 +127,14 @@ def test_an_enhancer_needs_a_host_drafter(tiny_lm):
     with pytest.raises(TypeError, match="enhances a host drafter"):
         executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=js.SAConfig(max_draft_len=2),
                               enhancer=js.SAEnhancerConfig())
+
+
+def test_step_costs_are_kept_apart_per_dtype(tiny_lm):
+    from jaxspec.models import precision
+
+    half = precision.cast(tiny_lm, "bfloat16")
+    keys = {executor_lib.model_key(tiny_lm), executor_lib.model_key(half),
+            executor_lib.model_key(tiny_lm, "bfloat16")}
+    assert len(keys) == 3
+    assert executor_lib.model_key(tiny_lm).endswith("-float32")
+    assert executor_lib.model_key(tiny_lm, "float32") == executor_lib.model_key(tiny_lm)
