@@ -103,11 +103,14 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], *, n: int, max_new_tokens: int, repeats: int) -> str:
+def markdown(rows: list[dict], *, n: int, max_new_tokens: int, repeats: int,
+             tiny: bool = False) -> str:
+    what = ("the tiny random test model on synthetic repeats" if tiny
+            else "SmolLM2-135M on `code_editing`")
     return "\n".join([
         "## Many devices: per-device memory and step time vs mesh (CPU virtual devices)",
         "",
-        f"A functional check, not a speed claim: SmolLM2-135M on `code_editing` ({n} prompts at "
+        f"A functional check, not a speed claim: {what} ({n} prompts at "
         f"batch {n}, {max_new_tokens} new tokens), every mesh over virtual CPU devices that share "
         "the same 2 cores, so a wider mesh only adds collectives here. *Step ms* is the median "
         f"over {repeats} passes (after one that compiles) of the mean decode step. Bytes are the "
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = json.loads(done.stdout.strip().splitlines()[-1])
     for r in rows:
         r["mesh"] = tuple(r["mesh"]) if r["mesh"] else None
-    text = markdown(rows, n=args.n, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    text = markdown(rows, n=args.n, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                    tiny=args.tiny)
     report.publish(SECTION, text, module="benchmarks.mesh", argv=argv, write=args.write)
     return 0 if all(r["identical"] for r in rows) else 1
 
