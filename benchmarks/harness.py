@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                       repeats=args.repeats, methods=tuple(args.methods.split(",")),
                       adaptive=args.adaptive, pld_draft_len=args.pld_draft_len)
     out = sys.stderr if args.json else sys.stdout
-    command = "python -m benchmarks.harness " + " ".join(argv)
+    command = " ".join(["python -m benchmarks.harness", *map(report.checkout_relative, argv)])
     try:
         results = bench(cfg, use_hf=not args.no_hf, progress=not args.no_progress,
                         log=lambda line: print(line, file=sys.stderr))
