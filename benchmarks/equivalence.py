@@ -184,8 +184,7 @@ def _dtype_speeds(reports: list[dict]) -> str:
         full, half = by.get((method, "float32")), by.get((method, "bfloat16"))
         if full and half and full["tokens_per_s"] and half["tokens_per_s"]:
             parts.append(f"{method} {half['tokens_per_s'] / full['tokens_per_s']:.2f}x")
-    plain = [(r["dtype"], r["plain_tokens_per_s"]) for r in reports if r["plain_tokens_per_s"]]
-    plain = dict(plain)
+    plain = {r["dtype"]: r["plain_tokens_per_s"] for r in reports if r["plain_tokens_per_s"]}
     if "float32" not in plain or "bfloat16" not in plain or not parts:
         return ""
     return (f"bfloat16 / float32 steady tokens/s (one pass each, compilation left out): plain "
