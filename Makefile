@@ -28,14 +28,15 @@ demo: install
 	$(PY) -m benchmarks.workloads demo-prompt > build/demo_prompt.txt
 	$(VENV)/bin/jaxspec generate --prompt-file build/demo_prompt.txt --max-new-tokens 128
 
+# Two workers, one test file each at a time (module fixtures build once): CI has two cores.
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # The same minus the tests marked slow (the real model, long property tests): a few minutes.
 test-fast: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 bench: install-bench
 	$(PY) -m benchmarks.run_all

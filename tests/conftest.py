@@ -35,6 +35,14 @@ def _cost_models_stay_in_the_session(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_code_leaves_with_its_module():
+    """Each test file's executables are freed when it ends: a worker process then holds one
+    file's compiled code, not the whole suite's."""
+    yield
+    jax.clear_caches()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of the embedded default, through the on-disk cache."""

@@ -35,9 +35,10 @@ def test_cached_decoding_agrees_with_an_uncached_forward(tiny_lm, forward):
 @pytest.mark.slow
 def test_real_model_divergences_are_numerics_ties(smollm2):
     model, tokenizer = smollm2
+    # The automaton only: NGram and AUTO's bfloat16 runs are `make bench`'s equivalence sections.
     prompts = chat_prompts.prompt_ids(model, tokenizer, workloads.load("code_editing", 2),
-                                      max_new_tokens=48)
-    reports = equivalence.compare(model, tokenizer, prompts, methods=("sa", "ngram", "auto"),
-                                  dtype="bfloat16", max_new_tokens=48)
+                                      max_new_tokens=32)
+    reports = equivalence.compare(model, tokenizer, prompts, methods=("sa",),
+                                  dtype="bfloat16", max_new_tokens=32)
     for report in reports:
         assert report["requests"] == 2 and report["bugs"] == 0, report

@@ -45,7 +45,7 @@ def _check(case):
 
 def test_tiny_model_meshes():
     out = _cases("tiny")
-    assert len(out["cases"]) == 3 * 5
+    assert len(out["cases"]) == 3 * 3
     for case in out["cases"]:
         _check(case)
 
@@ -61,7 +61,7 @@ def test_meshes_that_do_not_fit_are_value_errors():
 @pytest.mark.slow
 def test_smollm2_meshes():
     out = _cases("smollm2")
-    assert len(out["cases"]) == 3 * 2
+    assert len(out["cases"]) == 2
     for case in out["cases"]:
         _check(case)
 
