@@ -220,17 +220,18 @@ class Executor:
         return tree if self.mesh is None else sharding.place_rows(self.mesh, tree)
 
     def _step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
-        """One config object per (K, greedy), reused: jit finds its compiled step by identity."""
+        """One config object per (K, greedy), the same as every other executor's equal one
+        (`step.canonical`): jit finds its compiled step by identity."""
         key = (k, greedy_only)
         if key not in self._configs:
             p = self.policy
-            self._configs[key] = step_lib.StepConfig(
+            self._configs[key] = step_lib.canonical(step_lib.StepConfig(
                 graphdef=self.graphdef, k=k, greedy_only=greedy_only, draft_source=p.source,
                 automaton=p.uses_automaton, global_pool=p.global_pool,
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
-                implementation=self.implementation, mesh=self.mesh)
+                implementation=self.implementation, mesh=self.mesh))
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests

@@ -1,6 +1,7 @@
 """The executor's own contract, on the tiny model: K decided once and pages reserved for it, one
 count of accepted drafts when a stop token or the length limit cuts a verify window, finished
-requests leaving at once, and the run's metrics reset on demand."""
+requests leaving at once, the run's metrics reset on demand, and step configs shared between
+executors."""
 
 import pytest
 
@@ -138,3 +139,13 @@ def test_step_costs_are_kept_apart_per_dtype(tiny_lm):
     assert len(keys) == 3
     assert executor_lib.model_key(tiny_lm).endswith("-float32")
     assert executor_lib.model_key(tiny_lm, "float32") == executor_lib.model_key(tiny_lm)
+
+
+def test_executors_of_one_model_share_their_step_configs(tiny_lm):
+    # jit compares static arguments by equality: equal configs of two executors would compare
+    # their graphdefs node by node on every call, the same object by identity.
+    a, b = (executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=js.SAConfig(
+        max_draft_len=K)) for _ in range(2))
+    assert a.graphdef is not b.graphdef
+    assert a._step_config(K, True) is b._step_config(K, True)
+    assert a._step_config(0, True) is not a._step_config(K, True)
