@@ -152,9 +152,6 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
         """Folds blocks start..stop-1 of `pages` pages each into the partials."""
         return jax.lax.fori_loop(start, stop, functools.partial(fold, pages=pages), carry)
 
-    # Every whole block below the longest length, then the rest in blocks of `tail` pages: the
-    # cost follows the length to within `tail` pages, without a long loop of small blocks.
-    whole = max_len // (pages_per_block * page_size)
     carry = (jnp.zeros((b, rows, acc_width), jnp.float32),
              jnp.full((b, rows), MASK_VALUE, jnp.float32), jnp.zeros((b, rows), jnp.float32))
     if page_table.shape[1] <= tail:
@@ -162,6 +159,9 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
         # cost (30 layers at 60 cached tokens in 9 pages: 5-6 ms) exceeds reading it (1.7-2.4).
         acc, m, l = fold(0, carry, page_table.shape[1])
     else:
+        # Every whole block below the longest length, then the rest in blocks of `tail` pages:
+        # the cost follows the length to within `tail` pages, without a long loop of small blocks.
+        whole = max_len // (pages_per_block * page_size)
         carry = blocks(carry, 0, whole, pages_per_block)
         acc, m, l = blocks(carry, whole * (pages_per_block // tail),
                            (max_len + tail * page_size - 1) // (tail * page_size), tail)
