@@ -62,8 +62,8 @@ def profile(model, costs: cost_model_lib.StepCostModel, *, batch_sizes, widths, 
     rng = np.random.default_rng(0)
     grid = [(r, k, c) for r in batch_sizes for k in widths for c in contexts]
     for rows, k, context in tqdm(grid, desc="profile", disable=not progress):
-        cfg = step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host",
-                                  implementation=implementation)
+        cfg = step_lib.canonical(step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host",
+                                                     implementation=implementation))
         inputs = _inputs(rows, k, context, page_size, cols, model.vocab_size, rng, implementation)
         state, out = step_lib.step(params, state, inputs, cfg=cfg)      # compiles
         jax.block_until_ready(out)
