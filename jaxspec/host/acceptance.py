@@ -8,10 +8,14 @@ a draft verified up to `L` positions is
 
     E(L) = sum_{i=1..L} prod_{j<i} p[m, j]
 
-`p` starts from a prior (accepted / reached pseudo-counts by match bucket, chosen from SmolLM2's
-acceptance on the benchmark workloads: 1-token matches are rarely right, long ones usually) and
-is calibrated online from every verified row: each reached position adds one to its bucket's
-`reached` count, and one to `accepted` if it was accepted.
+`p` is calibrated online from every verified row: each reached position adds one to its bucket's
+`reached` count, and one to `accepted` if it was accepted. Each estimate shrinks towards a prior
+mean with `PRIOR_WEIGHT` pseudo-observations: position 0's is the bucket's `PRIOR_MEAN` (chosen from
+SmolLM2's acceptance on the benchmark workloads: 1-token matches are rarely right, long ones
+usually), position j's is the estimate of position j - 1. A position never reached so far thus
+inherits what the positions before it learned: with a fixed prior there instead, a width never
+verified keeps looking as poor as the prior says however well the shorter drafts do, and the draft
+length never grows to find out.
 """
 
 import bisect
@@ -40,8 +44,8 @@ class AcceptancePredictor:
         if max_positions < 1:
             raise ValueError(f"max_positions must be >= 1, got {max_positions}")
         shape = (len(BUCKET_EDGES), max_positions)
-        self.reached = np.full(shape, PRIOR_WEIGHT)
-        self.accepted = np.asarray(PRIOR_MEAN)[:, None] * self.reached
+        self.reached = np.zeros(shape)
+        self.accepted = np.zeros(shape)
 
     @property
     def max_positions(self) -> int:
@@ -50,7 +54,12 @@ class AcceptancePredictor:
     def probabilities(self, match_len: int) -> np.ndarray:
         """f64[max_positions] p[m, j] for the bucket of `match_len`."""
         m = match_bucket(match_len)
-        return self.accepted[m] / self.reached[m]
+        p = np.empty(self.max_positions)
+        prior = PRIOR_MEAN[m]
+        for j in range(self.max_positions):
+            prior = p[j] = ((self.accepted[m, j] + PRIOR_WEIGHT * prior)
+                            / (self.reached[m, j] + PRIOR_WEIGHT))
+        return p
 
     def expected_accepted(self, match_len: int, draft_len: int) -> np.ndarray:
         """f64[max_positions + 1]: E(L) for L = 0..max_positions, flat past `draft_len` (a draft

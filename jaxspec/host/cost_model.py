@@ -2,11 +2,17 @@
 
 Measured, not assumed: the executor records the wall time of every step that compiled nothing
 under its (rows bucket, K, context bucket) key, and the model keeps the median of the last
-`WINDOW` samples. A key never measured is estimated from its neighbours: from the other widths
-measured at the same (rows, context) by a least-squares line in K, else from a prior slope
-(`PRIOR_SLOPE`, a verify position costing 13% of a plain step: the CPU figure for SmolLM2) scaled
-to whatever was measured there. Only ratios between widths at one (rows, context) steer a
-decision, so a wrong absolute scale costs nothing.
+`WINDOW` samples. A key never measured is estimated from the widths measured at the same (rows,
+context): a verify width (K >= 1) between two measured ones by a straight line between them, one
+beyond them by a prior slope (`PRIOR_SLOPE`, a verify position costing 13% of a plain step: the
+CPU figure for SmolLM2 between K = 4 and 16) from the nearest; with no verify width measured, the
+plain step (or 1) times the prior. The plain step (K = 0) is not a point of these lines: it is a
+different program, and on a CPU the first verify positions cost far more than the next ones
+(SmolLM2 on 2 cores: K = 1 1.7x a plain step, K = 4 2.9x, K = 8 2.9x, K = 16 4.1x). A line fitted
+through the first widths tried would price K = 16 at 8-12x and adaptive K would never try it; the
+prior slope beyond the widest measured width keeps a longer draft worth one try when the
+acceptance predictor says so, and its measurement then replaces the guess. Only ratios between
+widths at one (rows, context) steer a decision, so a wrong absolute scale costs nothing.
 
 The model is kept per model and machine in a JSON file (`default_path`), loaded at start and saved
 as it learns; `jaxspec profile` fills it for every bucket and prints it.
@@ -86,18 +92,21 @@ class StepCostModel:
         known = {k: statistics.median(s) for (r, k, c), s in self._samples.items()
                  if r == rows and c == bucket and s}
         widths = np.asarray(widths, np.float64)
-        if len(known) >= 2:
-            ks, ts = np.asarray(list(known)), np.asarray(list(known.values()))
-            slope, intercept = np.polyfit(ks, ts, 1)
-            slope = max(slope, 0.0)                     # more positions never cost less
-            estimate = intercept + slope * widths
-        elif known:
-            (k0, t0), = known.items()
-            estimate = t0 * (1 + PRIOR_SLOPE * widths) / (1 + PRIOR_SLOPE * k0)
+        verify = sorted((k, t) for k, t in known.items() if k > 0)
+        plain = known.get(0)
+        if plain is None:
+            plain = verify[0][1] / (1 + PRIOR_SLOPE * verify[0][0]) if verify else 1.0
+        if verify:
+            ks, ts = np.asarray(verify).T
+            step = PRIOR_SLOPE * plain
+            estimate = (np.interp(widths, ks, ts) + step * np.maximum(widths - ks[-1], 0)
+                        - step * np.maximum(ks[0] - widths, 0))
         else:
-            estimate = 1 + PRIOR_SLOPE * widths
+            estimate = plain * (1 + PRIOR_SLOPE * widths)
+        # More positions never cost less: not below the plain step either.
+        estimate = np.where(widths == 0, plain, np.maximum(estimate, plain))
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])
-        return np.where(np.isnan(exact), np.maximum(estimate, 1e-9), exact)
+        return np.where(np.isnan(exact), estimate, exact)
 
     def table(self) -> list[tuple[int, int, int, float, int]]:
         """(rows, k, context bucket, median seconds, samples) for every measured key, sorted."""
@@ -105,10 +114,10 @@ class StepCostModel:
                       for (r, k, c), s in self._samples.items() if s)
 
     def save(self) -> None:
-        """Writes the samples to `path` (atomically); nothing without a path."""
-        self._unsaved = 0
-        if self.path is None:
+        """Writes the samples to `path` (atomically); nothing without a path or new samples."""
+        if self.path is None or not self._unsaved:
             return
+        self._unsaved = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({f"{r},{k},{c}": list(s)

@@ -323,6 +323,9 @@ class Executor:
         compiled = sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces
         self.stats.record_iteration(time.perf_counter() - start,
                                     self.stats.generated_tokens - generated, compiled)
+        if self.costs is not None and not self.has_work():
+            # Idle: the next engine on this machine starts from every step timed so far.
+            self.costs.save()
         return events
 
     def _draft_len(self, num_requests: int) -> int:

@@ -36,11 +36,25 @@ def test_calibration_follows_what_is_observed():
     for _ in range(400):
         predictor.observe(3, draft_len=4, accepted=4)
     assert np.all(predictor.probabilities(3) > 0.98)
-    # Matches of 1 never: p[0] -> 0; later positions are never reached, so keep their prior.
+    # Matches of 1 never: p[0] -> 0; later positions are never reached and inherit it.
     for _ in range(400):
         predictor.observe(1, draft_len=4, accepted=0)
     p = predictor.probabilities(1)
-    assert p[0] < 0.01 and np.allclose(p[1:], acceptance.PRIOR_MEAN[0])
+    assert p[0] < 0.01 and np.all(p[1:] <= p[0] + 1e-12)
+
+
+def test_positions_never_reached_inherit_what_the_shorter_ones_learned():
+    # Drafts of 2 behind 6-token matches, always accepted: positions 0 and 1 learn p -> 1, and
+    # the widths never tried look as good (not the bucket's prior of 0.62), so K can grow.
+    predictor = acceptance.AcceptancePredictor(max_positions=8)
+    for _ in range(200):
+        predictor.observe(6, draft_len=2, accepted=2)
+    p = predictor.probabilities(6)
+    assert np.all(p > 0.97)
+    assert predictor.expected_accepted(6, draft_len=8)[8] > 7.5
+    untouched = predictor.probabilities(7)           # the same bucket; other buckets keep priors
+    np.testing.assert_array_equal(untouched, p)
+    assert np.allclose(predictor.probabilities(3), acceptance.PRIOR_MEAN[2])
 
 
 def test_observe_counts_reached_positions_only():

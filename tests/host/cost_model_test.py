@@ -24,11 +24,27 @@ def test_median_of_the_last_samples():
     assert model.measured(4, 2, 1000) == 1.0                # old samples leave the window
 
 
-def test_unmeasured_widths_follow_a_line_through_the_measured_ones():
+def test_unmeasured_widths_lie_on_lines_between_measured_ones_and_the_prior_slope_beyond():
     model = cost_model.StepCostModel()
     model.observe(1, 0, 500, 0.030)
-    model.observe(1, 4, 500, 0.046)
-    np.testing.assert_allclose(model.costs(1, 500, [0, 2, 4, 8]), [0.030, 0.038, 0.046, 0.062])
+    model.observe(1, 2, 500, 0.038)
+    model.observe(1, 6, 500, 0.046)
+    step = cost_model.PRIOR_SLOPE * 0.030
+    np.testing.assert_allclose(model.costs(1, 500, [0, 1, 2, 4, 6, 8]),
+                               [0.030, 0.038 - step, 0.038, 0.042, 0.046, 0.046 + 2 * step])
+
+
+def test_the_plain_step_stays_out_of_the_line():
+    # A CPU's shape: the first verify position costs much more than the next ones. A line through
+    # K = 0 and 1 would price K = 16 at 11x; the prior slope from K = 1 prices it near its cost.
+    model = cost_model.StepCostModel()
+    model.observe(1, 0, 100, 0.043)
+    model.observe(1, 1, 100, 0.072)
+    slope = cost_model.PRIOR_SLOPE * 0.043
+    np.testing.assert_allclose(model.costs(1, 100, [0, 1, 4, 16]),
+                               [0.043, 0.072, 0.072 + 3 * slope, 0.072 + 15 * slope])
+    model.observe(1, 16, 100, 0.175)
+    np.testing.assert_allclose(model.costs(1, 100, [8]), [0.072 + 7 * (0.175 - 0.072) / 15])
 
 
 def test_one_measurement_scales_the_prior_and_none_gives_relative_costs():
@@ -37,6 +53,10 @@ def test_one_measurement_scales_the_prior_and_none_gives_relative_costs():
     slope = cost_model.PRIOR_SLOPE
     np.testing.assert_allclose(model.costs(2, 100, [0, 5]), [0.5, 0.5 * (1 + 5 * slope)])
     np.testing.assert_allclose(model.costs(8, 100, [0, 5]), [1.0, 1 + 5 * slope])
+    model.observe(4, 3, 100, 0.2)                           # a verify width alone: plain from it
+    plain = 0.2 / (1 + 3 * slope)
+    np.testing.assert_allclose(model.costs(4, 100, [0, 3, 5]),
+                               [plain, 0.2, 0.2 + 2 * slope * plain])
 
 
 def test_a_line_never_slopes_down():

@@ -6,6 +6,7 @@ executors."""
 import pytest
 
 import jaxspec as js
+from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import executor as executor_lib
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
@@ -122,6 +123,19 @@ def test_reset_stats(tiny_lm):
     assert executor.stats.generated_tokens == 4
     executor.reset_stats()
     assert executor.stats.generated_tokens == 0 and executor.stats.decode_steps == 0
+
+
+def test_step_costs_are_saved_when_the_executor_goes_idle(tiny_lm, tmp_path):
+    path = tmp_path / "costs.json"
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG,
+                                     spec=js.SAConfig(max_draft_len=K, adaptive=True),
+                                     cost_model=cost_model_lib.StepCostModel(path))
+    executor.add_request([1, 2, 3, 1, 2, 3], requests_lib.SamplingParams(max_new_tokens=12),
+                         frozenset())
+    executor.step()
+    assert not path.exists()                        # fewer samples than a periodic save needs
+    executor.run()
+    assert cost_model_lib.StepCostModel(path).table() == executor.costs.table() != []
 
 
 def test_an_enhancer_needs_a_host_drafter(tiny_lm):
