@@ -44,3 +44,16 @@ def test_bfloat16_copy_computes_in_bfloat16_with_float32_logits(forward):
     # bfloat16 keeps 8 significant bits: logits agree to about 1% of their spread.
     np.testing.assert_allclose(low, full, atol=0.02 * np.abs(full).max())
     assert (low.argmax(-1) == full.argmax(-1)).mean() > 0.9
+
+
+def test_tied_logits_are_the_same_whichever_operand_comes_first():
+    # A few positions take the table-first matmul, one position and many the hidden-first one.
+    from jaxspec.models import llama
+
+    model = tiny.tiny_model(0)
+    table = np.asarray(model.embed.embedding[...])
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (1, 3), (2, 5), (1, llama.FEW_POSITIONS + 1)]:
+        hidden = rng.standard_normal((*shape, table.shape[1])).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(model.logits(hidden)), hidden @ table.T,
+                                   rtol=1e-5, atol=1e-5)
