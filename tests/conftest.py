@@ -3,8 +3,8 @@ shared across test folders: the tiny and the real default model (each built once
 random prompts, a full uncached forward, and the uncached greedy decoding loop every engine test
 compares against.
 
-Tests marked `slow` (the real model, long property tests) run in `make test` and are skipped by
-`make test-fast`.
+Tests marked `slow` (the real model, long property tests, many-device and whole-report runs) run
+in `make test` and are skipped by `make test-fast`.
 """
 
 import functools

@@ -41,6 +41,7 @@ def test_a_shorter_output_diverges_where_it_ends():
     assert equivalence.first_divergence(plain, spec, "float32").position == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_model_report(tiny_lm, dtype):
     """float32 speculation is token-identical; in bfloat16 whatever diverges is a numerics tie."""

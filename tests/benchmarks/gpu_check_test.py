@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import gpu_check
 from benchmarks import kernel_check
 from jaxspec.pallas_kernels import sa_extend
@@ -15,6 +17,7 @@ from jaxspec.pallas_kernels import sa_extend
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_cpu_run_covers_every_section(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -43,6 +43,7 @@ def _check(case):
             label, part, share)
 
 
+@pytest.mark.slow
 def test_tiny_model_meshes():
     out = _cases("tiny")
     assert len(out["cases"]) == 3 * 3
@@ -66,6 +67,7 @@ def test_smollm2_meshes():
         _check(case)
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_tokens_of_one():
     example = runpy.run_path(str(ROOT / "examples" / "multi_process.py"))
     (two_processes,) = {json.dumps(o) for o in example["launch"](2, 2, (2, 2), True, 12)}
