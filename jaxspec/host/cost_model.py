@@ -96,13 +96,10 @@ class StepCostModel:
         plain = known.get(0)
         if plain is None:
             plain = verify[0][1] / (1 + PRIOR_SLOPE * verify[0][0]) if verify else 1.0
-        if verify:
-            ks, ts = np.asarray(verify).T
-            step = PRIOR_SLOPE * plain
-            estimate = (np.interp(widths, ks, ts) + step * np.maximum(widths - ks[-1], 0)
-                        - step * np.maximum(ks[0] - widths, 0))
-        else:
-            estimate = plain * (1 + PRIOR_SLOPE * widths)
+        # With no verify width measured, the plain step is the one point the prior slope leaves.
+        ks, ts = np.asarray(verify or [(0, plain)]).T
+        estimate = (np.interp(widths, ks, ts)
+                    + PRIOR_SLOPE * plain * (widths - np.clip(widths, ks[0], ks[-1])))
         # More positions never cost less: not below the plain step either.
         estimate = np.where(widths == 0, plain, np.maximum(estimate, plain))
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])
