@@ -33,7 +33,8 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# The same minus the tests marked slow (the real model, long property tests): a few minutes.
+# The same minus the tests marked slow (the real model, long property tests): ~2.5 minutes once
+# build/xla-cache holds the compiled tests (tests/conftest.py), ~8 on a fresh checkout.
 test-fast: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests

@@ -52,7 +52,7 @@ def test_tiny_model_meshes():
 
 
 def test_meshes_that_do_not_fit_are_value_errors():
-    messages = _cases("tiny")["errors"]
+    messages = _cases("errors")["errors"]
     assert len(messages) == 3
     assert "model=3 does not divide the model's 4 attention heads" in messages[0]
     assert "data=4 must divide max_batch_size=2" in messages[1]
