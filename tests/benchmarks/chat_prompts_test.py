@@ -38,6 +38,11 @@ def test_render_interleaves_turns_and_replies():
         chat_prompts.render(TOK, conv, ["one", "two"])
 
 
+def test_raw_text_is_encoded_without_the_template():
+    conv = Conversation(turns=("Once upon a time",), chat=False, name="t/raw")
+    assert TOK.decode(chat_prompts.render(TOK, conv, [])) == "Once upon a time"
+
+
 def test_earlier_turns_are_answered_greedily(uncached_greedy):
     two = Conversation(turns=("copy abc", "again"), name="t/two")
     one = Conversation(turns=("just one",), name="t/one")

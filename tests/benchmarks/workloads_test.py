@@ -22,7 +22,8 @@ from benchmarks.workloads import stdlib_code
 # Sizes of the published datasets; the stdlib-derived workloads depend on the Python version and
 # the system, so they get lower bounds.
 EXACT_COUNTS = {"humaneval": 164, "mtbench": 80, "mtbench_turn1": 80}
-MIN_COUNTS = {"code_editing": 20, "document_qa": 30, "long_document_qa": 5, "translation": 100}
+MIN_COUNTS = {"code_editing": 20, "document_qa": 30, "long_document_qa": 5, "raw_text": 30,
+              "translation": 100}
 
 
 class WorkloadsTestCase(parameterized.TestCase):
@@ -200,6 +201,24 @@ class DocumentQATest(absltest.TestCase):
             document = pydoc_topics.topics[key].strip()
             self.assertIn(document, c.turns[0])
             self.assertLessEqual(len(document.split()), 1500)
+
+
+class RawTextTest(absltest.TestCase):
+
+    def test_one_prose_paragraph_of_a_topic_without_a_template(self):
+        for c in workloads.raw_text():
+            self.assertFalse(c.chat)
+            (text,) = c.turns
+            topic = " ".join(pydoc_topics.topics[c.name.removeprefix("raw_text/")].split())
+            self.assertIn(text, topic)
+            self.assertFalse(topic.startswith(text))    # not the title
+            self.assertGreaterEqual(len(text.split()), 40)
+
+    def test_raw_text_is_one_turn_without_a_system_prompt(self):
+        with self.assertRaisesRegex(ValueError, "chat=False"):
+            workloads.Conversation(turns=("a", "b"), chat=False, name="t/0")
+        with self.assertRaisesRegex(ValueError, "system"):
+            workloads.Conversation(turns=("a",), system="s", chat=False, name="t/0")
 
 
 class LongDocumentQATest(absltest.TestCase):
