@@ -95,7 +95,8 @@ class _Plan:
     matches: np.ndarray        # i32[rows] match length behind each draft (0: unknown)
     slots: np.ndarray          # i32[rows] automaton slots (dummy slot for padding)
     start: float               # when planning began (step time counts from here)
-    draft_seconds: float       # host drafting time
+    draft_seconds: float       # host planning: drafting, the K decision and the gates
+    decide_seconds: float      # the K decision and the gates alone
 
 
 def model_key(model, kv_dtype=None) -> str:
@@ -352,20 +353,22 @@ class Executor:
         fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
         k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
         drafts, lens, matches, slots = self._drafts(reqs, rows, k)
-        draft_seconds = time.perf_counter() - start
+        decide_start = time.perf_counter()
         if self.policy.adaptive and k:
             k, lens = self._choose(reqs, rows, k, lens, matches)
         if self._request_gates is not None:
             for i, r in enumerate(reqs):
                 lens[i] = self._request_gate(r).allowed(lens[i])
         lens = np.minimum(lens, k)
+        decide_seconds = time.perf_counter() - decide_start
         # Verifying only padding costs a wider forward for nothing.
         if not lens.any():
             k = 0
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
         return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
-                     matches=matches, slots=slots, start=start, draft_seconds=draft_seconds)
+                     matches=matches, slots=slots, start=start,
+                     draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds)
 
     def _drafts(self, reqs, rows: int, k: int):
         """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
@@ -396,7 +399,7 @@ class Executor:
         """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
         widths = [w for w in self.widths if w <= k]
         context = max(r.num_cached for r in reqs) + 1
-        curves = [self.predictor.expected_accepted(int(m), int(d))
+        curves = [self.predictor.expected_accepted(int(m), int(d), explore=True)
                   for m, d in zip(matches[:len(reqs)], lens[:len(reqs)], strict=True)]
         choice = adaptive.choose(widths, self.costs.costs(rows, context, widths), curves,
                                  lens[:len(reqs)])
@@ -530,7 +533,8 @@ class Executor:
             result = self._finish(r, r.finish_reason) if r.finish_reason else None
             events.append(TokenEvent(r.request_id, tuple(taken), result))
         self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
-                               time.perf_counter() - plan.start, plan.draft_seconds)
+                               time.perf_counter() - plan.start, plan.draft_seconds,
+                               plan.decide_seconds)
         return events, pairs
 
     def _learn(self, request: requests_lib.Request, match_len: int, drafted: int, accepted: int):

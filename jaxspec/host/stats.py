@@ -41,7 +41,9 @@ class RunStats:
     accepted: int = 0
     step_time: float = 0.0           # time in the verify step, device included
     prefill_time: float = 0.0
-    draft_time: float = 0.0          # host drafting (NGram, user drafters); SA drafts on device
+    draft_time: float = 0.0          # host planning: drafting (NGram, user drafters; SA drafts
+                                     # on device), slot bookkeeping, the K decision
+    decide_time: float = 0.0         # of which the K decision (adaptive K) and the gates
     wall_time: float = 0.0
     spec_steps: int = 0              # verify steps with K > 0
     committed: int = 0               # tokens kept from verify steps (accepted + bonus, as cut)
@@ -56,13 +58,14 @@ class RunStats:
     k_history: list[int] = dataclasses.field(default_factory=list)
 
     def record_step(self, k: int, draft_lens, accepted, kept, seconds: float,
-                    draft_seconds: float):
+                    draft_seconds: float, decide_seconds: float):
         """One verify step: per row, the real draft length, the accepted drafts
         (`accepted_drafts`) and the tokens kept."""
         self.decode_steps += 1
         self.spec_steps += int(k > 0)
         self.step_time += seconds
         self.draft_time += draft_seconds
+        self.decide_time += decide_seconds
         self.k_history.append(k)
         for d, a, n in zip(draft_lens, accepted, kept, strict=True):
             d, a, n = int(d), int(a), int(n)
@@ -126,6 +129,8 @@ class RunStats:
                                      if self.decode_steps else None, 2),
             "prefill_time_s": rnd(self.prefill_time),
             "drafting_overhead_ms_per_step": rnd(1e3 * self.draft_time / self.decode_steps
+                                                 if self.decode_steps else None, 3),
+            "decision_overhead_ms_per_step": rnd(1e3 * self.decide_time / self.decode_steps
                                                  if self.decode_steps else None, 3),
             "drafted": self.drafted,
             "accepted": self.accepted,

@@ -69,3 +69,25 @@ def test_observe_counts_reached_positions_only():
     predictor.observe(0, draft_len=3, accepted=0)      # no match: nothing to learn
     predictor.observe(4, draft_len=0, accepted=0)
     np.testing.assert_array_equal(predictor.reached[m] - before_r[m], [2, 2, 2, 0, 0, 0])
+
+
+def test_exploring_raises_position_zero_by_one_standard_deviation_that_shrinks():
+    from jaxspec.host import adaptive
+
+    predictor = acceptance.AcceptancePredictor(max_positions=16)
+    prior = acceptance.PRIOR_MEAN[2]
+    raised = prior + np.sqrt(prior * (1 - prior) / acceptance.PRIOR_WEIGHT)
+    np.testing.assert_allclose(predictor.probabilities(3, explore=True), raised)
+    # A 3-token match's prior does not pay for a step three times a plain one; raised, it is
+    # tried (the n-gram drafts of code editing, whose real acceptance is 0.55).
+    def width(explore):
+        curve = predictor.expected_accepted(3, 16, explore=explore)
+        return adaptive.choose([0, 16], [1.0, 3.0], [curve], [16]).k
+    assert (width(False), width(True)) == (0, 16)
+    for _ in range(3):                                # three drafts rejected at position 0
+        predictor.observe(3, 16, 0)
+    assert width(True) == 0
+    mean = predictor.probabilities(3)[0]
+    assert mean == pytest.approx(4 * prior / 7)
+    assert predictor.probabilities(3, explore=True)[0] == pytest.approx(
+        mean + np.sqrt(mean * (1 - mean) / 7))

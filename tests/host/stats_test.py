@@ -22,19 +22,22 @@ def test_a_cut_window_counts_its_drafts_and_its_kept_tokens():
     # Row 0 drafted 3, all accepted, a stop token cut the bonus: kept 3. Row 1 drafted 2,
     # accepted 1, kept the accepted draft and the bonus.
     stats.record_step(3, draft_lens=[3, 2], accepted=[3, 1], kept=[3, 2], seconds=0.5,
-                      draft_seconds=0.1)
+                      draft_seconds=0.1, decide_seconds=0.02)
     assert (stats.drafted, stats.accepted, stats.committed) == (5, 4, 5)
     assert stats.acceptance_rate == 4 / 5
     assert stats.mean_acceptance_length == 5 / 2
     assert stats.acceptance_lengths == {3: 1, 2: 1}
     assert stats.per_position_acceptance() == [1.0, 0.5, 1.0]
     assert (stats.decode_steps, stats.spec_steps, stats.request_steps) == (1, 1, 2)
+    summary = stats.summary()
+    assert (summary["drafting_overhead_ms_per_step"], summary["decision_overhead_ms_per_step"]) == (
+        100.0, 20.0)
 
 
 def test_plain_decoding_has_acceptance_length_one():
     stats = stats_lib.RunStats()
     stats.record_step(0, draft_lens=[0, 0], accepted=[0, 0], kept=[1, 1], seconds=0.1,
-                      draft_seconds=0.0)
+                      draft_seconds=0.0, decide_seconds=0.0)
     assert stats.mean_acceptance_length == 1.0
     assert stats.acceptance_rate is None
     assert stats.spec_steps == 0
