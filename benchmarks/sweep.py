@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 
+import jax
+
 from benchmarks import chat_prompts
 from benchmarks import harness
 from benchmarks import report
@@ -137,10 +139,14 @@ def sweep(model, tokenizer, prompts: list[list[int]], *, batch_sizes=BATCH_SIZES
     bar = tqdm.tqdm(total=len(batch_sizes) * len(METHODS) * (1 + repeats), unit="pass",
                     disable=not progress, file=sys.stderr)
     checker = harness.OutputChecker(LABELS, lambda line: tqdm.tqdm.write(line, file=sys.stderr))
-    rows = [_one_batch_size(model, tokenizer, prompts[:b], batch_size=b,
-                            max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
-                            schedule=schedule, repeats=repeats, bar=bar, checker=checker)
-            for b in batch_sizes]
+    rows = []
+    for b in batch_sizes:
+        rows.append(_one_batch_size(model, tokenizer, prompts[:b], batch_size=b,
+                                    max_new_tokens=max_new_tokens, max_draft_len=max_draft_len,
+                                    schedule=schedule, repeats=repeats, bar=bar, checker=checker))
+        # Each batch size compiles its own steps (AUTO: every width it tries, per bucket); kept
+        # all sweep long, their JIT-ed code ran out of memory maps at batch 32.
+        jax.clear_caches()
     bar.close()
     return dict(batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens,
                 max_draft_len=max_draft_len, schedule=schedule, repeats=repeats, rows=rows,
