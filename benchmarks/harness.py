@@ -362,8 +362,8 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         "Acceptance length counts the bonus token. *% of oracle* = speedup / the oracle's "
         "speedup. *Drafting* is host time per step: drafting for NGram and the oracle, slot "
         "bookkeeping for SA and AUTO, whose automaton extends and drafts on the device inside the "
-        "step (its cost there is in the `sa_overhead` section). Peak RSS is the whole process "
-        "(every model loaded).",
+        "step (its cost there is in the `sa_overhead` section), and the K decision where K is "
+        "adaptive. Peak RSS is the whole process (every model loaded).",
         f"HF runs on torch CPU ({results['hf_runtime']})." if results["hf_runtime"] else "",
         runs.load_note(*results.get("load_average", (None, None))),
     ]

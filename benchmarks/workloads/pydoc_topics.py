@@ -7,10 +7,11 @@ quotes the document: the retrieval-augmented pattern where the reply repeats spa
 Topics between MIN_WORDS and MAX_WORDS words are used, the ones closest to TARGET_WORDS first, so a
 small `n` gets mid-sized documents.
 
-`raw_text` is the low-repetition counterpart: the first prose paragraph of each topic (not its
-title, not a grammar rule or code), fed without a chat template, and the model writes on. Little in
-one paragraph is worth copying, so a drafter mostly guesses wrong: it measures what drafting costs
-when it does not pay.
+`raw_text` is raw text continuation: the first prose paragraph of each topic (not its title, not a
+grammar rule or code), fed without a chat template, and the model writes on. The prompt holds little
+worth copying; what a drafter finds is what the model repeats of its own continuation, and a small
+model's greedy continuation repeats a lot (SmolLM2-135M on the first two: SA accepts 83% of its
+drafts), so this is not the low-repetition case it was meant to be.
 """
 
 from pydoc_data import topics as pydoc_topics
