@@ -20,7 +20,9 @@ Procedure: the prompts are built first (earlier turns of a conversation answered
 decoding, `benchmarks.chat_prompts`). Every method then runs once untimed, which compiles every
 XLA shape the timed passes use (HF, which compiles nothing, only generates a few tokens after a
 short prompt); an adaptive method, which compiles a draft width when it first picks it, runs
-again while its untimed pass still compiled something (at most `MAX_WARMUPS` passes). Then
+again while its untimed pass still compiled something (at most `MAX_WARMUPS` passes). Untimed
+passes compile every width adaptive K prefers at once (`compiles.LEDGER.eager()`, as a server's
+warm-up would), where a timed one compiles only a width that repays its compile. Then
 `--repeats` rounds each run every method once, in the order above, so drift
 on a shared machine hits all methods alike. Reported numbers are medians over rounds; a speedup
 is the median over rounds of the method's tokens/s divided by plain's in the same round
@@ -44,6 +46,7 @@ from benchmarks import report
 from benchmarks import runs
 from benchmarks import workloads
 from jaxspec import engine as engine_lib
+from jaxspec.host import compiles
 
 METHODS = ("plain", "sa", "ngram", "auto", "oracle", "hf_greedy", "hf_pld")
 HF_METHODS = ("hf_greedy", "hf_pld")
@@ -278,7 +281,8 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             if hf_prefill_s is None:
                 hf_prefill_s = runs.hf_prefill_seconds(hf, prompts, stops)
         else:
-            warmups[method] = one_pass(method)
+            with compiles.LEDGER.eager():
+                warmups[method] = one_pass(method)
             check(method, warmups[method], "warm-up")
             # Adaptive K compiles a width the first time it picks one: warm up again while a
             # pass still compiles, so the timed rounds mostly time decoding.
@@ -287,7 +291,8 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             for _ in range(MAX_WARMUPS - 1):
                 if not (adaptive and last.compiles):
                     break
-                again = last = one_pass(method)
+                with compiles.LEDGER.eager():
+                    again = last = one_pass(method)
                 check(method, again, "warm-up")
                 warmups[method] = dataclasses.replace(
                     warmups[method], compiles=warmups[method].compiles + again.compiles,

@@ -10,8 +10,9 @@ max_batch_size is B), once with each method:
   schedule   suffix automaton, K from --schedule: verifying extra positions is nearly free while a
              step is memory-bound (small batches) and costs real compute once it is not
   auto       jaxspec's AUTO choice for max_batch_size B
-The protocol is the harness's: an untimed warm-up pass per method, then rounds running every
-method once, medians over rounds, every output compared with `off` token by token.
+The protocol is the harness's: an untimed warm-up pass per method (compiling every width AUTO
+prefers, `compiles.LEDGER.eager()`), then rounds running every method once, medians over rounds,
+every output compared with `off` token by token.
 
 The checks, on decode tokens/s (prefill left out; `benchmarks.runs`), because prefill is the same
 work for every method and only dilutes the difference: the schedule within 5% of the best of
@@ -21,6 +22,7 @@ K decision's host time per step under 1% of the step (issue 13).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -37,6 +39,7 @@ from benchmarks import runs
 from benchmarks import workloads
 from jaxspec import config as config_lib
 from jaxspec import engine as engine_lib
+from jaxspec.host import compiles
 
 SECTION = "batch_sweep"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -89,7 +92,8 @@ def _one_batch_size(model, tokenizer, prompts, *, batch_size: int, max_new_token
         when = "warm-up" if round_ == 0 else f"round {round_}"
         for method in METHODS:
             bar.set_description(f"batch {batch_size} {when} {method}")
-            run = one_pass(method)
+            with compiles.LEDGER.eager() if round_ == 0 else contextlib.nullcontext():
+                run = one_pass(method)
             reference = reference or run
             checker.check(method, run.outputs, reference.outputs, "off", f"batch {batch_size}, "
                           f"{when}")
@@ -147,6 +151,7 @@ def sweep(model, tokenizer, prompts: list[list[int]], *, batch_sizes=BATCH_SIZES
         # Each batch size compiles its own steps (AUTO: every width it tries, per bucket); kept
         # all sweep long, their JIT-ed code ran out of memory maps at batch 32.
         jax.clear_caches()
+        compiles.LEDGER.forget_programs()
     bar.close()
     return dict(batch_sizes=list(batch_sizes), max_new_tokens=max_new_tokens,
                 max_draft_len=max_draft_len, schedule=schedule, repeats=repeats, rows=rows,

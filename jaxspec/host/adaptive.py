@@ -12,7 +12,7 @@ seconds(K) < 1 / seconds(0)`, gets a zero-length draft: it is not verified and d
 drafted (the other rows' drafts decide the width).
 
 Widths are a small fixed set, so each is one compilation per batch bucket, made the first time it
-is chosen.
+is chosen and worth its compile (compiles.py); until then the best compiled width runs.
 """
 
 import dataclasses

@@ -47,6 +47,7 @@ from jaxspec.device import step as step_lib
 from jaxspec.host import acceptance
 from jaxspec.host import adaptive
 from jaxspec.host import capacity
+from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
@@ -191,6 +192,7 @@ class Executor:
             self.costs = cost_model or cost_model_lib.StepCostModel(
                 cost_model_lib.default_path(model_key(model, self.kv_dtype)))
             self.widths = adaptive.widths_up_to(max_k)
+        self.compiles = compiles_lib.LEDGER
         init_kv = functools.partial(
             kv_cache.init_pages, num_layers=cs.num_layers,
             num_pages=self.scheduler.allocator.num_pages, page_size=scheduler_config.page_size,
@@ -401,21 +403,37 @@ class Executor:
         context = max(r.num_cached for r in reqs) + 1
         seconds = self.costs.costs(rows, context, widths)
         drafted = list(zip(matches[:len(reqs)], lens[:len(reqs)], strict=True))
+        greedy = all(r.params.greedy for r in reqs)
+
+        curves = {}
 
         def best(candidates, explore):
-            curves = [self.predictor.expected_accepted(int(m), int(d), explore=explore)
-                      for m, d in drafted]
+            if explore not in curves:
+                curves[explore] = [self.predictor.expected_accepted(int(m), int(d),
+                                                                    explore=explore)
+                                   for m, d in drafted]
             return adaptive.choose([widths[i] for i in candidates], seconds[list(candidates)],
-                                   curves, lens[:len(reqs)])
+                                   curves[explore], lens[:len(reqs)])
 
+        def key(w):
+            return self._step_config(w, greedy), rows
+
+        ready = [i for i, w in enumerate(widths) if w == 0 or self.compiles.ready(key(w))]
         choice = best(range(len(widths)), explore=False)
-        # Exploring only picks among widths already measured here: an unmeasured width compiles
-        # (6-12 s on a CPU), which an optimistic guess must not buy, while the calibrated
-        # estimate may (humaneval: 3 such compiles in timed rounds took AUTO to 0.38x plain).
-        measured = [i for i, w in enumerate(widths)
-                    if w == 0 or self.costs.measured(rows, w, context) is not None]
-        if choice.k in [widths[i] for i in measured]:
-            choice = best(measured, explore=True)
+        if choice.k not in [widths[i] for i in ready]:
+            # A width not compiled yet: compiled once it pays for its compile (compiles.py).
+            # The estimates are seconds, not relative units, once measured.
+            held = best(ready, explore=False)
+            lost = 0.0
+            if self.costs.measured(rows, held.k, context) is not None:
+                lost = held.seconds - held.expected_tokens * choice.seconds / choice.expected_tokens
+            left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
+            steps_left = left * len(reqs) / held.expected_tokens
+            if not self.compiles.worth_compiling(key(choice.k), lost, steps_left):
+                choice = held
+        # Exploring (an optimistic acceptance estimate) only picks among compiled widths.
+        if choice.k in [widths[i] for i in ready]:
+            choice = best(ready, explore=True)
         chosen = np.zeros_like(lens)
         chosen[:len(reqs)] = choice.lens
         return choice.k, chosen
@@ -506,15 +524,16 @@ class Executor:
             last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
             sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots)
+        cfg = self._step_config(plan.k, all(r.params.greedy for r in reqs))
         traces = step_lib.trace_count("step")
         start = time.perf_counter()
-        self.state, out = step_lib.step(
-            self.params, self.state, self._rows(inputs),
-            cfg=self._step_config(plan.k, all(r.params.greedy for r in reqs)))
+        self.state, out = step_lib.step(self.params, self.state, self._rows(inputs), cfg=cfg)
         out = sharding.to_host(out)
-        if self.costs is not None and step_lib.trace_count("step") == traces:
-            self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1,
-                               time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        compiled = step_lib.trace_count("step") != traces
+        self.compiles.ran((cfg, plan.rows), seconds if compiled else None)
+        if self.costs is not None and not compiled:
+            self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1, seconds)
         return out
 
     def _commit(self, plan: _Plan, out: step_lib.StepOutputs):

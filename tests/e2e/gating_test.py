@@ -2,10 +2,13 @@
 lossless, a reversible gate comes back (for the batch and per request), and no drafter resumes
 from stale state after the schedule paused speculation."""
 
+import contextlib
+
 import pytest
 
 import jaxspec as js
 from jaxspec import engine as engine_lib
+from jaxspec.host import compiles
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
@@ -132,8 +135,10 @@ def test_adaptive_k_uses_compiled_widths_and_learns(tiny_lm, uncached_greedy):
     spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
     costs = cost_model_lib.StepCostModel()
     engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG, cost_model=costs)
+    ledger = engine.executor.compiles = compiles.CompileLedger()
     prompts = random_prompts(9, [10, 14], alphabet_size=3)
-    out = engine.generate_batch(prompts, max_new_tokens=40)
+    with ledger.eager():      # a tiny model's steps never repay a compile
+        out = engine.generate_batch(prompts, max_new_tokens=40)
     for p, g in zip(prompts, out.generations, strict=True):
         assert g.token_ids == uncached_greedy(tiny_lm, p, 40)
     executor = engine.executor
@@ -141,3 +146,24 @@ def test_adaptive_k_uses_compiled_widths_and_learns(tiny_lm, uncached_greedy):
     assert set(executor.stats.k_history) <= set(executor.widths)
     assert costs.table(), "steps that compiled nothing were measured"
     assert executor.predictor.reached.sum() > 0, "verified rows were learned"
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_adaptive_k_compiles_a_width_only_when_it_pays(tiny_lm, uncached_greedy, eager):
+    """A compile priced far above what 24 tokens can save is never bought, and the run decodes
+    plainly (losslessly); under `eager` (a warm-up) the widths the estimate prefers compile."""
+    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
+    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG,
+                               cost_model=cost_model_lib.StepCostModel())
+    ledger = engine.executor.compiles = compiles.CompileLedger()
+    ledger.ran("a compile measured elsewhere", seconds=1e6)
+    prompts = random_prompts(9, [10, 14], alphabet_size=3)
+    with ledger.eager() if eager else contextlib.nullcontext():
+        out = engine.generate_batch(prompts, max_new_tokens=24)
+    for p, g in zip(prompts, out.generations, strict=True):
+        assert g.token_ids == uncached_greedy(tiny_lm, p, 24)
+    widths = set(engine.executor.stats.k_history)
+    if eager:
+        assert widths - {0}, "the preferred widths compiled"
+    else:
+        assert widths == {0} and out.stats["drafted"] == 0
