@@ -99,12 +99,29 @@ class StepConfig:
             raise ValueError(f"k ({self.k}) exceeds the draft buffer width ({self.sa_draft_len})")
         if self.draft_source == "sa" and not self.automaton:
             raise ValueError("draft_source 'sa' needs automaton=True")
-        # jit hashes its static arguments on every call; hashing a 30-layer graphdef costs ~2 ms.
+        # jit hashes its static arguments on every call; hashing a 30-layer graphdef costs
+        # ~20 ms, so a canonical graphdef's hash is computed once (`canonical_graphdef`).
+        graphdef = _GRAPHDEF_HASHES.get(id(self.graphdef))
         object.__setattr__(self, "_hash", hash(tuple(
-            getattr(self, f.name) for f in dataclasses.fields(self))))
+            (hash(self.graphdef) if graphdef is None else graphdef) if f.name == "graphdef"
+            else getattr(self, f.name) for f in dataclasses.fields(self))))
 
     def __hash__(self):
         return self._hash
+
+
+# Executors of one model split it into equal but distinct graphdefs, and hashing or comparing
+# two walks all their nodes. One object per distinct graphdef, kept for the process (it holds
+# no weights), its hash computed once.
+_GRAPHDEFS: dict = {}
+_GRAPHDEF_HASHES: dict[int, int] = {}
+
+
+def canonical_graphdef(graphdef):
+    """The first graphdef equal to `graphdef` (itself if none): build step configs with it."""
+    graphdef = _GRAPHDEFS.setdefault(graphdef, graphdef)
+    _GRAPHDEF_HASHES.setdefault(id(graphdef), hash(graphdef))
+    return graphdef
 
 
 # jit's caches find a compiled step by comparing static arguments, and two equal configs made by

@@ -169,7 +169,8 @@ class Executor:
             if cs.num_kv_heads % model_size:
                 raise ValueError(f"the model has {cs.num_kv_heads} KV heads for model="
                                  f"{model_size}: repeat them first (`with_kv_heads`)")
-        self.graphdef, self.params = nnx.split(model)
+        graphdef, self.params = nnx.split(model)
+        self.graphdef = step_lib.canonical_graphdef(graphdef)
         if self.mesh is not None:
             specs = model.param_specs(sharding.MODEL, sharding.sizes(self.mesh)[1])
             self.params = sharding.place_params(self.mesh, self.params, specs)
@@ -356,7 +357,7 @@ class Executor:
         k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
         drafts, lens, matches, slots = self._drafts(reqs, rows, k)
         decide_start = time.perf_counter()
-        if self.policy.adaptive and k:
+        if self.policy.adaptive and k and lens.any():
             k, lens = self._choose(reqs, rows, k, lens, matches)
         if self._request_gates is not None:
             for i, r in enumerate(reqs):

@@ -3,9 +3,13 @@ count of accepted drafts when a stop token or the length limit cuts a verify win
 requests leaving at once, the run's metrics reset on demand, and step configs shared between
 executors."""
 
+import dataclasses
+
+from flax import nnx
 import pytest
 
 import jaxspec as js
+from jaxspec.device import step as step_lib
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import executor as executor_lib
 from jaxspec.host import requests as requests_lib
@@ -157,9 +161,16 @@ def test_step_costs_are_kept_apart_per_dtype(tiny_lm):
 
 def test_executors_of_one_model_share_their_step_configs(tiny_lm):
     # jit compares static arguments by equality: equal configs of two executors would compare
-    # their graphdefs node by node on every call, the same object by identity.
+    # their graphdefs node by node on every call, the same object by identity; and hashing a
+    # graphdef walks it too, so a canonical one's hash is computed once.
     a, b = (executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=js.SAConfig(
         max_draft_len=K)) for _ in range(2))
-    assert a.graphdef is not b.graphdef
+    assert a.graphdef is b.graphdef
     assert a._step_config(K, True) is b._step_config(K, True)
+    split = nnx.split(tiny_lm)[0]
+    assert split is not a.graphdef and step_lib.canonical_graphdef(split) is a.graphdef
+    own = step_lib.StepConfig(graphdef=split, k=K, draft_source="sa", automaton=True,
+                              sa_draft_len=K)
+    canonical = dataclasses.replace(own, graphdef=a.graphdef)
+    assert hash(own) == hash(canonical) and own == canonical
     assert a._step_config(0, True) is not a._step_config(K, True)
