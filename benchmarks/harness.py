@@ -66,6 +66,7 @@ GOAL_ISSUES = {
     "code_editing": "issue 13 (adaptive SA vs plain and HF prompt lookup K=10); oracle and "
                     "drafting overhead: issue 6",
     "mtbench_turn1": "issue 13; drafting overhead: issue 6",
+    "raw_text": "issue 13 (AUTO never slower); drafting overhead: issue 6",
     "long_document_qa": "issue 12; AUTO vs plain: issue 13; drafting overhead: issue 6",
 }
 # Methods whose outputs a goal requires token-identical to plain's (every method is checked).
@@ -74,6 +75,7 @@ IDENTICAL_GOALS = {"long_document_qa": ("sa",)}
 # a full 8k-token prompt would cost a minute of prefill for nothing.
 HF_WARMUP_TOKENS = 64
 MAX_DRAFTING_OVERHEAD_PCT = 2.0
+SAMPLING_SEED = 0            # every sampled request's seed (--temperature)
 MAX_WARMUPS = 3              # untimed passes of an adaptive method, at most
 SUBCOMMANDS = {"sweep": "benchmarks.sweep", "plain-vs-hf": "benchmarks.plain_vs_hf",
                "all": "benchmarks.run_all"}
@@ -93,6 +95,9 @@ class BenchConfig:
       methods: the methods to run, in `METHODS` order; plain is always added.
       adaptive: sa and ngram choose their draft length per iteration, up to max_draft_len.
       pld_draft_len: HF prompt lookup's K (None: max_draft_len).
+      temperature: 0 decodes greedily; above, every method samples, each token keyed by
+        (SAMPLING_SEED, its position), so plain and speculative outputs stay comparable token
+        by token (HF's sampling is not keyed so: no HF methods then).
     """
 
     workload: str = "code_editing"
@@ -104,6 +109,7 @@ class BenchConfig:
     methods: tuple[str, ...] = METHODS
     adaptive: bool = False
     pld_draft_len: int | None = None
+    temperature: float = 0.0
 
     def __post_init__(self):
         if self.workload not in workloads.WORKLOADS:
@@ -117,6 +123,9 @@ class BenchConfig:
                                                isinstance(self.pld_draft_len, int) or
                                                self.pld_draft_len < 1):
             raise ValueError(f"pld_draft_len must be an int >= 1, got {self.pld_draft_len!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
@@ -127,6 +136,8 @@ class BenchConfig:
     def section(self) -> str:
         """The BENCHMARKS.md section of this workload and batch size."""
         suffix = "" if self.batch_size == 1 else f"_b{self.batch_size}"
+        if self.temperature:
+            suffix += f"_t{self.temperature:g}"
         return f"bench_{self.workload}{suffix}"
 
 
@@ -243,7 +254,10 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
     import tqdm
 
     label = label or cfg.workload
-    methods = [m for m in cfg.methods if hf is not None or m not in HF_METHODS]
+    methods = [m for m in cfg.methods if (hf is not None and not cfg.temperature)
+               or m not in HF_METHODS]
+    sampling = (dict(temperature=float(cfg.temperature), seed=SAMPLING_SEED)
+                if cfg.temperature else {})
     scheduler = runs.scheduler_for(prompts, cfg.max_new_tokens, cfg.batch_size)
     stops = runs.stop_ids(tokenizer)
     k = cfg.max_draft_len
@@ -266,7 +280,8 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
         else:
             spec = spec_for(method, k, cfg.adaptive)
         return runs.run_jaxspec(model, tokenizer, prompts, spec=spec,
-                                max_new_tokens=cfg.max_new_tokens, scheduler=scheduler)
+                                max_new_tokens=cfg.max_new_tokens, scheduler=scheduler,
+                                **sampling)
 
     def check(method: str, run: runs.Run, when: str):
         ref = "hf_greedy" if method == "hf_pld" and timed.get("hf_greedy") else "plain"
@@ -310,7 +325,7 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
     return dict(
         workload=label, config=dataclasses.asdict(cfg), num_prompts=len(prompts),
         mean_prompt_tokens=statistics.mean(map(len, prompts)),
-        hf_runtime=None if hf is None else hf.threads_note,
+        hf_runtime=None if hf is None or cfg.temperature else hf.threads_note,
         methods={m: _summary(timed[m], timed["plain"], warmups.get(m)) for m in methods},
         mismatches=checker.mismatches)
 
@@ -373,6 +388,8 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         runs.load_note(*results.get("load_average", (None, None))),
     ]
     k_note = " (SA and NGram adaptive, up to K)" if cfg.get("adaptive") else ""
+    if cfg.get("temperature"):
+        k_note += f", sampled at temperature {cfg['temperature']:g}"
     if cfg.get("pld_draft_len") not in (None, cfg["max_draft_len"]):
         k_note += f", HF prompt lookup K={cfg['pld_draft_len']}"
     lines = [
@@ -440,6 +457,9 @@ def bench(cfg: BenchConfig, *, use_hf: bool = True, progress: bool = True,
     hf, skipped = None, []
     if any(m in HF_METHODS for m in cfg.methods):
         reason = ("HF baseline skipped: --no-hf" if not use_hf
+                  else "HF baseline skipped: sampled decoding (HF's samples are not keyed by "
+                  "position, so its outputs cannot be compared token by token)"
+                  if cfg.temperature
                   else "HF baseline skipped: HF prompt lookup runs at batch 1 only"
                   if cfg.batch_size != 1 else hf_baseline.unavailable_reason())
         if reason:
@@ -467,6 +487,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pld-draft-len", type=int, default=None,
                         help="HF prompt lookup's K (default: --max-draft-len)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature (keyed per position; 0: greedy)")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)} (plain always runs)")
     parser.add_argument("--json", action="store_true",
@@ -490,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = BenchConfig(workload=args.workload, n=args.n, batch_size=args.batch_size,
                       max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
                       repeats=args.repeats, methods=tuple(args.methods.split(",")),
-                      adaptive=args.adaptive, pld_draft_len=args.pld_draft_len)
+                      adaptive=args.adaptive, pld_draft_len=args.pld_draft_len,
+                      temperature=args.temperature)
     out = sys.stderr if args.json else sys.stdout
     command = " ".join(["python -m benchmarks.harness", *map(report.checkout_relative, argv)])
     try:

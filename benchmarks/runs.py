@@ -123,12 +123,14 @@ def scheduler_for(prompts: Sequence[Sequence[int]], max_new_tokens: int,
 
 
 def run_jaxspec(model, tokenizer, prompts: Sequence[Sequence[int]], *, spec, max_new_tokens: int,
-                scheduler: scheduler_lib.SchedulerConfig) -> Run:
-    """All prompts as one continuous batch through a fresh engine with `spec`."""
+                scheduler: scheduler_lib.SchedulerConfig, **sampling) -> Run:
+    """All prompts as one continuous batch through a fresh engine with `spec`; `sampling`:
+    `SamplingParams` fields other than max_new_tokens (default greedy)."""
     engine = engine_lib.Engine(model, tokenizer, spec=spec, scheduler=scheduler)
     with rss_lib.PeakRSS() as peak, CompileCounter() as compiles:
         start = time.perf_counter()
-        result = engine.generate_batch([list(p) for p in prompts], max_new_tokens=max_new_tokens)
+        result = engine.generate_batch([list(p) for p in prompts], max_new_tokens=max_new_tokens,
+                                       **sampling)
         wall = time.perf_counter() - start
     return Run(outputs=[g.token_ids for g in result.generations], wall_s=wall,
                prefill_s=result.stats["prefill_time_s"], stats=result.stats, peak_mib=peak.mib,

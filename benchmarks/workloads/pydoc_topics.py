@@ -11,7 +11,9 @@ small `n` gets mid-sized documents.
 grammar rule or code), fed without a chat template, and the model writes on. The prompt holds little
 worth copying; what a drafter finds is what the model repeats of its own continuation, and a small
 model's greedy continuation repeats a lot (SmolLM2-135M on the first two: SA accepts 83% of its
-drafts), so this is not the low-repetition case it was meant to be.
+drafts), so greedy, this is not the low-repetition case. Sampled (`python -m benchmarks.harness
+--workload raw_text --temperature 0.8`, each token keyed by its position, so plain and speculative
+output stay identical), the continuation wanders instead: that is the low-repetition case.
 """
 
 from pydoc_data import topics as pydoc_topics

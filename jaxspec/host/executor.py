@@ -402,6 +402,10 @@ class Executor:
         """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
         widths = [w for w in self.widths if w <= k]
         context = max(r.num_cached for r in reqs) + 1
+        if self.costs.measured(rows, 0, context) is None:
+            # Every width is weighed against the plain step, which the prior guesses worst (at
+            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): measure it first.
+            return 0, np.zeros_like(lens)
         seconds = self.costs.costs(rows, context, widths)
         drafted = list(zip(matches[:len(reqs)], lens[:len(reqs)], strict=True))
         greedy = all(r.params.greedy for r in reqs)

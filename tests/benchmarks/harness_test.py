@@ -58,8 +58,9 @@ class Script:
                         prefill_s=prefill_s, stats=stats,
                         compiles=compiles[n] if n < len(compiles) else 0)
 
-    def jaxspec(self, model, tokenizer, prompts, *, spec, max_new_tokens, scheduler):
+    def jaxspec(self, model, tokenizer, prompts, *, spec, max_new_tokens, scheduler, **sampling):
         assert [list(p) for p in prompts] == PROMPTS
+        self.sampling = sampling
         if isinstance(spec, oracle.OracleDrafter):
             assert spec.continuations == {tuple(p): t for p, t in zip(PROMPTS, TRUTH, strict=True)}
         return self.run(method_of(spec), 0.5)
@@ -100,7 +101,9 @@ def test_config_validation_and_normalisation():
                           (dict(methods=("sa", "medusa")), "unknown methods"),
                           (dict(n=0), "n must be"), (dict(repeats=True), "repeats must be"),
                           (dict(max_draft_len=1.5), "max_draft_len must be"),
-                          (dict(pld_draft_len=0), "pld_draft_len must be")]:
+                          (dict(pld_draft_len=0), "pld_draft_len must be"),
+                          (dict(temperature=-0.5), "temperature must be"),
+                          (dict(temperature=True), "temperature must be")]:
         with pytest.raises(ValueError, match=match):
             harness.BenchConfig(**kwargs)
 
@@ -220,12 +223,28 @@ def test_without_hf_the_hf_methods_are_left_out(scripted):
     assert list(results["methods"]) == ["plain", "sa", "ngram", "auto", "oracle"]
 
 
-def test_real_loop_on_the_tiny_model():
+def test_sampled_runs_key_every_method_and_leave_hf_out(scripted):
+    script = scripted()
+    cfg = harness.BenchConfig(workload="raw_text", methods=("sa", "hf_greedy"), repeats=1,
+                              temperature=0.8)
+    assert cfg.section == "bench_raw_text_t0.8"
+    results = harness.compare(None, None, PROMPTS, cfg, hf=FakeHF(), progress=False)
+    assert list(results["methods"]) == ["plain", "sa"] and "hf_greedy" not in script.calls
+    assert script.sampling == dict(temperature=0.8, seed=harness.SAMPLING_SEED)
+    assert ", sampled at temperature 0.8" in harness.markdown(results).splitlines()[0]
+    harness.compare(None, None, PROMPTS, dataclasses.replace(cfg, temperature=0.0),
+                    progress=False)
+    assert script.sampling == {}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_real_loop_on_the_tiny_model(temperature):
     model = tiny.tiny_model(seed=0)
     rng = np.random.default_rng(0)
     motif = [int(t) for t in rng.integers(0, 128, 9)]
     prompts = [motif * 3, [int(t) for t in rng.integers(0, 128, 20)]]
-    cfg = harness.BenchConfig(methods=("ngram", "oracle"), max_new_tokens=12, repeats=1)
+    cfg = harness.BenchConfig(methods=("ngram", "oracle"), max_new_tokens=12, repeats=1,
+                              temperature=temperature)
     results = harness.compare(model, None, prompts, cfg, progress=False)
     m = results["methods"]
     assert results["mismatches"] == []

@@ -27,6 +27,10 @@ def test_default_plan(capsys):
     # Issue 13's settings come after the common ones, so they win.
     assert editing[len(editing) - 1 - editing[::-1].index("--max-new-tokens") + 1] == "192"
     assert editing[editing.index("--pld-draft-len") + 1] == "10"
+    sampled = steps[names.index("harness:raw_text_sampled")].argv
+    assert sampled[sampled.index("--workload") + 1] == "raw_text"
+    assert sampled[sampled.index("--temperature") + 1] == "0.8"
+    assert sampled[sampled.index("--methods") + 1] == "plain,sa,ngram,auto"
     context = steps[names.index("context_sweep")]
     assert context.argv[context.argv.index("--contexts") + 1] == "128,512,1024,2048,4096,8000"
     assert context.argv[context.argv.index("--repeats") + 1] == "2"

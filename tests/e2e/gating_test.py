@@ -167,3 +167,21 @@ def test_adaptive_k_compiles_a_width_only_when_it_pays(tiny_lm, uncached_greedy,
         assert widths - {0}, "the preferred widths compiled"
     else:
         assert widths == {0} and out.stats["drafted"] == 0
+
+
+def test_adaptive_k_measures_the_plain_step_before_weighing_widths(tiny_lm, uncached_greedy):
+    """With verify widths measured but not the plain step, the first decisions run plain steps
+    (the first compiles, the next is measured); then widths are weighed against it."""
+    costs = cost_model_lib.StepCostModel()
+    for k in range(1, 9):
+        costs.observe(1, k, 1, 1e-6 * k)     # far below any real step: verifying pays
+    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
+    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG, cost_model=costs)
+    prompt = random_prompts(1, [12], alphabet_size=2)[0]
+    with compiles.LEDGER.eager():
+        out = engine.generate(prompt, max_new_tokens=30)
+    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 30)
+    history = engine.executor.stats.k_history
+    assert costs.measured(1, 0, 1) is not None
+    first = next(i for i, k in enumerate(history) if k)
+    assert first >= 1 and set(history[:first]) == {0}
