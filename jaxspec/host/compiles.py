@@ -44,6 +44,10 @@ class CompileLedger:
         self._ready.clear()
         self._lost.clear()
 
+    @property
+    def is_eager(self) -> bool:
+        return self._eager
+
     def ready(self, key: Hashable) -> bool:
         return key in self._ready
 

@@ -402,13 +402,20 @@ class Executor:
         """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
         widths = [w for w in self.widths if w <= k]
         context = max(r.num_cached for r in reqs) + 1
-        if self.costs.measured(rows, 0, context) is None:
+        greedy = all(r.params.greedy for r in reqs)
+
+        def key(w):
+            return self._step_config(w, greedy), rows
+
+        if self.costs.measured(rows, 0, context) is None and (
+                self.compiles.ready(key(0)) or self.compiles.is_eager):
             # Every width is weighed against the plain step, which the prior guesses worst (at
-            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): measure it first.
+            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): measure it first,
+            # where that compiles nothing (its compile would price every verify width out of a
+            # short run).
             return 0, np.zeros_like(lens)
         seconds = self.costs.costs(rows, context, widths)
         drafted = list(zip(matches[:len(reqs)], lens[:len(reqs)], strict=True))
-        greedy = all(r.params.greedy for r in reqs)
 
         curves = {}
 
@@ -419,9 +426,6 @@ class Executor:
                                    for m, d in drafted]
             return adaptive.choose([widths[i] for i in candidates], seconds[list(candidates)],
                                    curves[explore], lens[:len(reqs)])
-
-        def key(w):
-            return self._step_config(w, greedy), rows
 
         ready = [i for i, w in enumerate(widths) if w == 0 or self.compiles.ready(key(w))]
         choice = best(range(len(widths)), explore=False)

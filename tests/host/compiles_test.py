@@ -54,11 +54,14 @@ def test_negative_losses_do_not_pay_back():
 def test_eager_compiles_whatever_is_preferred_and_nests():
     ledger = compiles.CompileLedger()
     ledger.ran("k0", seconds=100.0)
+    assert not ledger.is_eager
     with ledger.eager():
+        assert ledger.is_eager
         with ledger.eager():
             assert ledger.worth_compiling("k4", lost_per_step=0.0, steps_left=0)
         assert ledger.worth_compiling("k8", lost_per_step=0.0, steps_left=0)
     assert not ledger.worth_compiling("k8", lost_per_step=0.0, steps_left=0)
+    assert not ledger.is_eager
 
 
 def test_forgetting_programs_keeps_the_price():
