@@ -428,8 +428,9 @@ class Executor:
                                    curves[explore], lens[:len(reqs)])
 
         ready = [i for i, w in enumerate(widths) if w == 0 or self.compiles.ready(key(w))]
+        ready_widths = {widths[i] for i in ready}
         choice = best(range(len(widths)), explore=False)
-        if choice.k not in [widths[i] for i in ready]:
+        if choice.k not in ready_widths:
             # A width not compiled yet: compiled once it pays for its compile (compiles.py).
             # The estimates are seconds, not relative units, once measured.
             held = best(ready, explore=False)
@@ -441,7 +442,7 @@ class Executor:
             if not self.compiles.worth_compiling(key(choice.k), lost, steps_left):
                 choice = held
         # Exploring (an optimistic acceptance estimate) only picks among compiled widths.
-        if choice.k in [widths[i] for i in ready]:
+        if choice.k in ready_widths:
             choice = best(ready, explore=True)
         chosen = np.zeros_like(lens)
         chosen[:len(reqs)] = choice.lens
