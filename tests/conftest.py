@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxspec.device import kv_cache
+from jaxspec.host import compiles
 from jaxspec.models import registry
 from jaxspec.models import tiny
 
@@ -53,6 +54,7 @@ def _compiled_code_leaves_with_its_module():
     file's compiled code, not the whole suite's."""
     yield
     jax.clear_caches()
+    compiles.LEDGER.forget_programs()
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,21 @@ import runpy
 
 import pytest
 
+from jaxspec.host import compiles
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture
+def fresh_ledger(monkeypatch):
+    """The compile ledger of a fresh process, which is where a reader runs the example: the
+    compile prices measured by earlier tests in this worker would price a 48-token run's verify
+    widths out (compiles.py), and AUTO would rightly draft nothing."""
+    monkeypatch.setattr(compiles, "LEDGER", compiles.CompileLedger())
+
+
 @pytest.mark.slow
-def test_readme_python_example_runs(capsys):
+def test_readme_python_example_runs(capsys, fresh_ledger):
     block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)
