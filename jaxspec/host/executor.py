@@ -355,6 +355,8 @@ class Executor:
         # One K per compiled bucket, within the budget the prompt chunks left and the gate's cap.
         fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
         k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
+        if self.policy.adaptive:
+            rows = self._compiled_rows(reqs, rows)
         drafts, lens, matches, slots = self._drafts(reqs, rows, k)
         decide_start = time.perf_counter()
         if self.policy.adaptive and k and lens.any():
@@ -363,10 +365,11 @@ class Executor:
             for i, r in enumerate(reqs):
                 lens[i] = self._request_gate(r).allowed(lens[i])
         lens = np.minimum(lens, k)
-        decide_seconds = time.perf_counter() - decide_start
         # Verifying only padding costs a wider forward for nothing.
         if not lens.any():
-            k = 0
+            k = self._plain_width(reqs, rows) if self.policy.adaptive else 0
+            drafts = np.zeros((rows, k), np.int32)
+        decide_seconds = time.perf_counter() - decide_start
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
         return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
@@ -402,10 +405,9 @@ class Executor:
         """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
         widths = [w for w in self.widths if w <= k]
         context = max(r.num_cached for r in reqs) + 1
-        greedy = all(r.params.greedy for r in reqs)
 
         def key(w):
-            return self._step_config(w, greedy), rows
+            return self._program(w, reqs, rows)
 
         if self.costs.measured(rows, 0, context) is None and (
                 self.compiles.ready(key(0)) or self.compiles.is_eager):
@@ -427,10 +429,10 @@ class Executor:
             return adaptive.choose([widths[i] for i in candidates], seconds[list(candidates)],
                                    curves[explore], lens[:len(reqs)])
 
-        ready = [i for i, w in enumerate(widths) if w == 0 or self.compiles.ready(key(w))]
+        ready = [i for i, w in enumerate(widths) if self.compiles.ready(key(w))]
         ready_widths = {widths[i] for i in ready}
         choice = best(range(len(widths)), explore=False)
-        if choice.k not in ready_widths:
+        if ready and choice.k not in ready_widths:
             # A width not compiled yet: compiled once it pays for its compile (compiles.py).
             # The estimates are seconds, not relative units, once measured.
             held = best(ready, explore=False)
@@ -447,6 +449,49 @@ class Executor:
         chosen = np.zeros_like(lens)
         chosen[:len(reqs)] = choice.lens
         return choice.k, chosen
+
+    def _compiled_rows(self, reqs, rows: int) -> int:
+        """The rows bucket an adaptive iteration runs in: `rows`, or while no step is compiled
+        there, the smallest larger bucket with one (padding rows), until a compile at `rows`
+        pays (compiles.py). A batch's tail, its requests finishing one by one, reaches buckets
+        that no warm-up with other K choices did: at batch 32 each timed pass compiled one."""
+        def compiled(b):
+            return [w for w in self.widths if self.compiles.ready(self._program(w, reqs, b))]
+
+        larger = [b for b in self.batch_buckets if b > rows and compiled(b)]
+        if compiled(rows) or not larger or self.compiles.is_eager:
+            return rows
+        bucket = larger[0]
+        measured = self.costs.measured(bucket, compiled(bucket)[0],
+                                       max(r.num_cached for r in reqs) + 1)
+        # A step's cost grows about linearly with its rows here (2 CPU cores: 65 ms at 1 row,
+        # 1.1 s at 32): the padding rows are the loss.
+        lost = 0.0 if measured is None else measured * (1 - rows / bucket)
+        left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
+        return rows if self.compiles.worth_compiling(self._program(0, reqs, rows), lost,
+                                                     left) else bucket
+
+    def _plain_width(self, reqs, rows: int) -> int:
+        """The width of an adaptive iteration with nothing to verify: 0, or while the plain step
+        is not compiled at these rows, the smallest compiled width (with no drafts it commits what
+        the plain step does) until the plain step pays for its compile (compiles.py). The plain
+        step is a program per rows bucket like any width: the batch's tail, requests finishing
+        one by one, compiled it at 2 and 4 rows inside timed passes."""
+        ready = [w for w in self.widths if w and self.compiles.ready(self._program(w, reqs, rows))]
+        if not ready or self.compiles.ready(self._program(0, reqs, rows)):
+            return 0
+        context = max(r.num_cached for r in reqs) + 1
+        lost = 0.0
+        if self.costs.measured(rows, ready[0], context) is not None:
+            plain, verify = self.costs.costs(rows, context, [0, ready[0]])
+            lost = verify - plain
+        left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
+        return 0 if self.compiles.worth_compiling(self._program(0, reqs, rows), lost,
+                                                  left) else ready[0]
+
+    def _program(self, k: int, reqs, rows: int):
+        """The compile ledger's key of the step that runs `reqs` at width `k` on `rows` rows."""
+        return self._step_config(k, all(r.params.greedy for r in reqs)), rows
 
     def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
         gate = self._request_gates.get(request.request_id)
@@ -534,14 +579,15 @@ class Executor:
             last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
             sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots)
-        cfg = self._step_config(plan.k, all(r.params.greedy for r in reqs))
+        key = self._program(plan.k, reqs, plan.rows)
+        cfg = key[0]
         traces = step_lib.trace_count("step")
         start = time.perf_counter()
         self.state, out = step_lib.step(self.params, self.state, self._rows(inputs), cfg=cfg)
         out = sharding.to_host(out)
         seconds = time.perf_counter() - start
         compiled = step_lib.trace_count("step") != traces
-        self.compiles.ran((cfg, plan.rows), seconds if compiled else None)
+        self.compiles.ran(key, seconds if compiled else None)
         if self.costs is not None and not compiled:
             self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1, seconds)
         return out
