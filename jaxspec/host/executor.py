@@ -458,12 +458,14 @@ class Executor:
         def compiled(b):
             return [w for w in self.widths if self.compiles.ready(self._program(w, reqs, b))]
 
-        larger = [b for b in self.batch_buckets if b > rows and compiled(b)]
-        if compiled(rows) or not larger or self.compiles.is_eager:
+        if self.compiles.is_eager or compiled(rows):
             return rows
-        bucket = larger[0]
-        measured = self.costs.measured(bucket, compiled(bucket)[0],
-                                       max(r.num_cached for r in reqs) + 1)
+        larger = next(((b, ws[0]) for b in self.batch_buckets if b > rows
+                       for ws in [compiled(b)] if ws), None)
+        if larger is None:
+            return rows
+        bucket, width = larger
+        measured = self.costs.measured(bucket, width, max(r.num_cached for r in reqs) + 1)
         # A step's cost grows about linearly with its rows here (2 CPU cores: 65 ms at 1 row,
         # 1.1 s at 32): the padding rows are the loss.
         lost = 0.0 if measured is None else measured * (1 - rows / bucket)
