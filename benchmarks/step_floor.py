@@ -145,7 +145,7 @@ def markdown(results: dict, repeats: int) -> str:
     ]
     for r, s in proj["seconds"].items():
         lines.append(f"| {r} | {1e3 * s:.2f} | {gb / s:.1f} | {s / base:.2f}x |")
-    extra_proj = proj["seconds"].get(1 + k, base) - base
+    extra_proj = proj["seconds"][1 + k] - base
     lines += ["", f"Reading every weight once: {1e3 * proj['read_s']:.2f} ms "
               f"({gb / proj['read_s']:.1f} GB/s).", "",
               f"| context | step ms plain | step ms K={k} | verify / plain | verify - plain ms "
