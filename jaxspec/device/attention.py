@@ -43,9 +43,11 @@ TAIL_PAGES_PER_BLOCK = 16
 # Prompt chunks attend to their own tokens in query tiles of this many tokens, each over the keys
 # up to its last token: 5/8 of the dense causal work at T = 512, 17/32 at 2048.
 NEW_TOKEN_TILE = 128
-# Many query rows (prompt chunks): compute-bound; 16 pages keep the score block of a 512-token
-# chunk ([Hkv, G * 512, 256] f32, 4.7 MB) small; 8 to 32 measured the same, 64 slower.
-PREFILL_PAGES_PER_BLOCK = 16
+# Many query rows (prompt chunks, and verify steps of K >= 7): compute-bound. 32 pages (a score
+# block of [Hkv, G * 512, 512] f32, 9.4 MB, for a 512-token chunk) prefilled SmolLM2 on 2 quiet
+# cores 3-4% faster than 16 at 4k tokens and 6% at 8k; 64 was slower; K = 8 and 16 verify steps
+# at 512 and 1k tokens cost the same with 16 or 32.
+PREFILL_PAGES_PER_BLOCK = 32
 # Up to this many query rows in all (Hkv * Q), scores and weighted values are one plain matmul over
 # all KV heads with a block-diagonal query matrix: Hkv times the flops of per-head matmuls, but
 # keys and values are used in their page layout, where per-head matmuls first transpose every
