@@ -86,7 +86,9 @@ def measure_attention(spec, contexts=CONTEXTS, *, k: int = VERIFY_K, repeats: in
     rows = []
     for context in contexts:
         live = -(-context // PAGE_SIZE)
-        cols = 1 << (live - 1).bit_length()  # the engine's power-of-two table width
+        # The table of a request this long verifying k drafts, as the engine sizes it
+        # (`SchedulerConfig.pages_per_seq`) and `jaxspec.host.profile` times the step.
+        cols = -(-(context + 1 + k) // PAGE_SIZE)
         rng = np.random.default_rng(context)
         # Constant pages: the time does not depend on the values, and 8k tokens of random pages
         # took longer to draw than to time.
