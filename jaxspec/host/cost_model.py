@@ -4,15 +4,19 @@ Measured, not assumed: the executor records the wall time of every step that com
 under its (rows bucket, K, context bucket) key, and the model keeps the median of the last
 `WINDOW` samples. A key never measured is estimated from the widths measured at the same (rows,
 context): a verify width (K >= 1) between two measured ones by a straight line between them, one
-beyond them by a prior slope (`PRIOR_SLOPE`, a verify position costing 13% of a plain step: the
-CPU figure for SmolLM2 between K = 4 and 16) from the nearest; with no verify width measured, the
-plain step (or 1) times the prior. The plain step (K = 0) is not a point of these lines: it is a
-different program, and on a CPU the first verify positions cost far more than the next ones
-(SmolLM2 on 2 cores: K = 1 1.7x a plain step, K = 4 2.9x, K = 8 2.9x, K = 16 4.1x). A line fitted
-through the first widths tried would price K = 16 at 8-12x and adaptive K would never try it; the
-prior slope beyond the widest measured width keeps a longer draft worth one try when the
-acceptance predictor says so, and its measurement then replaces the guess. Only ratios between
-widths at one (rows, context) steer a decision, so a wrong absolute scale costs nothing.
+wider than all of them by a prior slope (`PRIOR_SLOPE`, a verify position costing 13% of a plain
+step: the CPU figure for SmolLM2 between K = 4 and 16) from the widest, one narrower than all of
+them by the chord from the plain step to the narrowest; with no verify width measured, the plain
+step (or 1) times the prior. The plain step (K = 0) is not a point of the lines through verify
+widths: it is a different program, and on a CPU the first verify positions cost far more than the
+next ones (SmolLM2 on 2 cores: K = 1 1.7x a plain step, K = 4 2.9x, K = 8 2.9x, K = 16 4.1x). A
+line fitted through the first widths tried would price K = 16 at 8-12x and adaptive K would never
+try it; the prior slope beyond the widest measured width keeps a longer draft worth one try when
+the acceptance predictor says so, and its measurement then replaces the guess. Below the narrowest
+the same shape makes the chord a lower bound, so a narrower width also gets its one try (the prior
+slope down from K = 2 priced K = 1 at 1.51x a plain step at batch 32, where it measured 1.34x, and
+AUTO never ran it). Only ratios between widths at one (rows, context) steer a decision, so a wrong
+absolute scale costs nothing.
 
 The model is kept per model and machine in a JSON file (`default_path`), loaded at start and saved
 as it learns; `jaxspec profile` fills it for every bucket and prints it.
@@ -98,8 +102,9 @@ class StepCostModel:
             plain = verify[0][1] / (1 + PRIOR_SLOPE * verify[0][0]) if verify else 1.0
         # With no verify width measured, the plain step is the one point the prior slope leaves.
         ks, ts = np.asarray(verify or [(0, plain)]).T
-        estimate = (np.interp(widths, ks, ts)
-                    + PRIOR_SLOPE * plain * (widths - np.clip(widths, ks[0], ks[-1])))
+        estimate = np.where(
+            widths < ks[0], plain + (ts[0] - plain) * widths / max(ks[0], 1),
+            np.interp(widths, ks, ts) + PRIOR_SLOPE * plain * np.maximum(widths - ks[-1], 0))
         # More positions never cost less: not below the plain step either.
         estimate = np.where(widths == 0, plain, np.maximum(estimate, plain))
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])

@@ -27,11 +27,22 @@ def test_median_of_the_last_samples():
 def test_unmeasured_widths_lie_on_lines_between_measured_ones_and_the_prior_slope_beyond():
     model = cost_model.StepCostModel()
     model.observe(1, 0, 500, 0.030)
-    model.observe(1, 2, 500, 0.038)
-    model.observe(1, 6, 500, 0.046)
+    model.observe(1, 3, 500, 0.042)
+    model.observe(1, 6, 500, 0.048)
     step = cost_model.PRIOR_SLOPE * 0.030
-    np.testing.assert_allclose(model.costs(1, 500, [0, 1, 2, 4, 6, 8]),
-                               [0.030, 0.038 - step, 0.038, 0.042, 0.046, 0.046 + 2 * step])
+    np.testing.assert_allclose(model.costs(1, 500, [0, 1, 2, 3, 4, 6, 8]),
+                               [0.030, 0.034, 0.038, 0.042, 0.044, 0.048, 0.048 + 2 * step])
+
+
+def test_narrower_widths_than_measured_lie_on_the_chord_from_the_plain_step():
+    # Batch 32's shape: K = 2 at 1.64x a plain step, K = 1 measured later at 1.34x. The prior
+    # slope down from K = 2 guessed 1.51x; the chord (1.32x) is below the cost, so K = 1 gets tried.
+    model = cost_model.StepCostModel()
+    model.observe(32, 0, 100, 1.00)
+    model.observe(32, 2, 100, 1.64)
+    np.testing.assert_allclose(model.costs(32, 100, [0, 1, 2]), [1.00, 1.32, 1.64])
+    model.observe(32, 1, 100, 1.34)
+    np.testing.assert_allclose(model.costs(32, 100, [1]), [1.34])
 
 
 def test_the_plain_step_stays_out_of_the_line():
