@@ -102,9 +102,9 @@ class StepCostModel:
             plain = verify[0][1] / (1 + PRIOR_SLOPE * verify[0][0]) if verify else 1.0
         # With no verify width measured, the plain step is the one point the prior slope leaves.
         ks, ts = np.asarray(verify or [(0, plain)]).T
-        estimate = np.where(
-            widths < ks[0], plain + (ts[0] - plain) * widths / max(ks[0], 1),
-            np.interp(widths, ks, ts) + PRIOR_SLOPE * plain * np.maximum(widths - ks[-1], 0))
+        # The plain step starts the line only below the narrowest verify width: the chord.
+        estimate = (np.interp(widths, np.r_[0, ks], np.r_[plain, ts])
+                    + PRIOR_SLOPE * plain * np.maximum(widths - ks[-1], 0))
         # More positions never cost less: not below the plain step either.
         estimate = np.where(widths == 0, plain, np.maximum(estimate, plain))
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])
