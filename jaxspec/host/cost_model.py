@@ -18,6 +18,16 @@ slope down from K = 2 priced K = 1 at 1.51x a plain step at batch 32, where it m
 AUTO never ran it). Only ratios between widths at one (rows, context) steer a decision, so a wrong
 absolute scale costs nothing.
 
+A figure that is too high is never corrected: the width looks dear, is not chosen again, and is not
+timed again (one 181 ms sample of K = 12 at 1k tokens, where K = 8 took 71, kept code editing at
+K <= 6 from then on). One that is too low corrects itself: the width is chosen and timed. So the
+model trusts a key only after `MIN_SAMPLES` samples, whose median resists one outlier; until then
+a verify width is priced at the cheaper of its samples' median and the estimate from the trusted
+widths, and the plain step, against which every width is weighed, is timed first
+(`plain_unsettled`), and again while it looks slower than a verify step, which does all of its
+work and more (one 112 ms sample where the plain step took 60 made every width look cheaper than
+plain decoding on a 4.9k-token prompt).
+
 The model is kept per model and machine in a JSON file (`default_path`), loaded at start and saved
 as it learns; `jaxspec profile` fills it for every bucket and prints it.
 """
@@ -33,6 +43,7 @@ import numpy as np
 
 WINDOW = 16                  # samples kept per key; the median resists noisy neighbours
 PRIOR_SLOPE = 0.13           # extra cost per verified position, relative to a plain step
+MIN_SAMPLES = 3              # samples before a key's median is trusted to be dear
 MIN_CONTEXT_BUCKET = 128
 SAVE_EVERY = 64              # new samples between saves
 
@@ -89,12 +100,26 @@ class StepCostModel:
         samples = self._samples.get((rows, k, context_bucket(context)))
         return statistics.median(samples) if samples else None
 
+    def plain_unsettled(self, rows: int, context: int) -> bool:
+        """Whether the plain step at (rows, context) needs another sample before verify widths
+        are weighed against it: timed fewer than `MIN_SAMPLES` times, or slower than a trusted
+        verify width (an outlier; the module docstring) while its window has room (a full one
+        settles a plain step really as dear as a verify step)."""
+        bucket = context_bucket(context)
+        samples = self._samples.get((rows, 0, bucket), ())
+        if len(samples) < MIN_SAMPLES:
+            return True
+        verify = [statistics.median(s) for (r, k, c), s in self._samples.items()
+                  if r == rows and k > 0 and c == bucket and len(s) >= MIN_SAMPLES]
+        return len(samples) < WINDOW and bool(verify) and statistics.median(samples) > min(verify)
+
     def costs(self, rows: int, context: int, widths) -> np.ndarray:
         """f64[len(widths)] estimated seconds of a step at each width (relative units where
         nothing at this (rows, context) was measured)."""
         bucket = context_bucket(context)
-        known = {k: statistics.median(s) for (r, k, c), s in self._samples.items()
+        timed = {k: (statistics.median(s), len(s)) for (r, k, c), s in self._samples.items()
                  if r == rows and c == bucket and s}
+        known = {k: t for k, (t, n) in timed.items() if n >= MIN_SAMPLES or k == 0}
         widths = np.asarray(widths, np.float64)
         verify = sorted((k, t) for k, t in known.items() if k > 0)
         plain = known.get(0)
@@ -108,6 +133,9 @@ class StepCostModel:
         # More positions never cost less: not below the plain step either.
         estimate = np.where(widths == 0, plain, np.maximum(estimate, plain))
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])
+        tentative = np.asarray([timed[k][0] if k in timed and k not in known else np.nan
+                                for k in map(int, widths)])
+        estimate = np.where(np.isnan(tentative), estimate, np.fmin(tentative, estimate))
         return np.where(np.isnan(exact), estimate, exact)
 
     def table(self) -> list[tuple[int, int, int, float, int]]:

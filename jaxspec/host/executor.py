@@ -409,12 +409,12 @@ class Executor:
         def key(w):
             return self._program(w, reqs, rows)
 
-        if self.costs.measured(rows, 0, context) is None and (
+        if self.costs.plain_unsettled(rows, context) and (
                 self.compiles.ready(key(0)) or self.compiles.is_eager):
             # Every width is weighed against the plain step, which the prior guesses worst (at
-            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): measure it first,
-            # where that compiles nothing (its compile would price every verify width out of a
-            # short run).
+            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): time it first, and
+            # again while it looks slower than a verify step (`plain_unsettled`), where that
+            # compiles nothing (its compile would price every verify width out of a short run).
             return 0, np.zeros_like(lens)
         seconds = self.costs.costs(rows, context, widths)
         drafted = list(zip(matches[:len(reqs)], lens[:len(reqs)], strict=True))
