@@ -100,25 +100,28 @@ class StepCostModel:
         samples = self._samples.get((rows, k, context_bucket(context)))
         return statistics.median(samples) if samples else None
 
+    def _timed(self, rows: int, context: int) -> dict[int, tuple[float, int]]:
+        """k -> (median seconds, samples) of every width timed at (rows, context bucket)."""
+        bucket = context_bucket(context)
+        return {k: (statistics.median(s), len(s)) for (r, k, c), s in self._samples.items()
+                if r == rows and c == bucket and s}
+
     def plain_unsettled(self, rows: int, context: int) -> bool:
         """Whether the plain step at (rows, context) needs another sample before verify widths
         are weighed against it: timed fewer than `MIN_SAMPLES` times, or slower than a trusted
         verify width (an outlier; the module docstring) while its window has room (a full one
         settles a plain step really as dear as a verify step)."""
-        bucket = context_bucket(context)
-        samples = self._samples.get((rows, 0, bucket), ())
-        if len(samples) < MIN_SAMPLES:
+        timed = self._timed(rows, context)
+        plain, n = timed.get(0, (None, 0))
+        if n < MIN_SAMPLES:
             return True
-        verify = [statistics.median(s) for (r, k, c), s in self._samples.items()
-                  if r == rows and k > 0 and c == bucket and len(s) >= MIN_SAMPLES]
-        return len(samples) < WINDOW and bool(verify) and statistics.median(samples) > min(verify)
+        verify = [t for k, (t, m) in timed.items() if k > 0 and m >= MIN_SAMPLES]
+        return n < WINDOW and bool(verify) and plain > min(verify)
 
     def costs(self, rows: int, context: int, widths) -> np.ndarray:
         """f64[len(widths)] estimated seconds of a step at each width (relative units where
         nothing at this (rows, context) was measured)."""
-        bucket = context_bucket(context)
-        timed = {k: (statistics.median(s), len(s)) for (r, k, c), s in self._samples.items()
-                 if r == rows and c == bucket and s}
+        timed = self._timed(rows, context)
         known = {k: t for k, (t, n) in timed.items() if n >= MIN_SAMPLES or k == 0}
         widths = np.asarray(widths, np.float64)
         verify = sorted((k, t) for k, t in known.items() if k > 0)
@@ -135,7 +138,7 @@ class StepCostModel:
         exact = np.asarray([known.get(int(k), np.nan) for k in widths])
         tentative = np.asarray([timed[k][0] if k in timed and k not in known else np.nan
                                 for k in map(int, widths)])
-        estimate = np.where(np.isnan(tentative), estimate, np.fmin(tentative, estimate))
+        estimate = np.fmin(tentative, estimate)                  # NaN: the estimate
         return np.where(np.isnan(exact), estimate, exact)
 
     def table(self) -> list[tuple[int, int, int, float, int]]:

@@ -115,7 +115,7 @@ def test_one_measurement_scales_the_prior_and_none_gives_relative_costs():
     slope = cost_model.PRIOR_SLOPE
     np.testing.assert_allclose(model.costs(2, 100, [0, 5]), [0.5, 0.5 * (1 + 5 * slope)])
     np.testing.assert_allclose(model.costs(8, 100, [0, 5]), [1.0, 1 + 5 * slope])
-    timed(model, 4, 3, 100, 0.2)                           # a verify width alone: plain from it
+    timed(model, 4, 3, 100, 0.2)                            # a verify width alone: plain from it
     plain = 0.2 / (1 + 3 * slope)
     np.testing.assert_allclose(model.costs(4, 100, [0, 3, 5]),
                                [plain, 0.2, 0.2 + 2 * slope * plain])
@@ -124,7 +124,7 @@ def test_one_measurement_scales_the_prior_and_none_gives_relative_costs():
 def test_a_line_never_slopes_down():
     model = cost_model.StepCostModel()
     timed(model, 1, 0, 100, 0.05)
-    timed(model, 1, 2, 100, 0.04)                          # noise: cheaper with more positions
+    timed(model, 1, 2, 100, 0.04)                           # noise: cheaper with more positions
     costs = model.costs(1, 100, [0, 1, 2, 8])
     assert np.all(np.diff(costs[[0, 1, 3]]) >= -1e-12)
 
