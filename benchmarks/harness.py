@@ -12,7 +12,9 @@ Methods, on the same prompt token ids and the same model (SmolLM2-135M-Instruct)
              --adaptive: up to K, chosen per iteration and row, `SAConfig(adaptive=True)`)
   ngram      the host n-gram pool, K, patterns of up to 3 tokens (--adaptive: as sa)
   auto       jaxspec's AUTO choice for this batch size
-  oracle     drafts = plain's own greedy output, the ceiling for K (`benchmarks.oracle`)
+  oracle     drafts = plain's own greedy output, the ceiling for K (`benchmarks.oracle`); the
+             copy bound, the ceiling of drafting from text already seen, is computed from plain's
+             outputs for every workload
   hf_greedy  HF transformers greedy on torch CPU (batch 1 only; needs the `bench` extra)
   hf_pld     HF `prompt_lookup_num_tokens=K` (K = --pld-draft-len, default --max-draft-len)
 
@@ -322,9 +324,12 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             bar.set_postfix_str(f"{run.tokens_per_s:.1f} tok/s")
             bar.update()
     bar.close()
+    copied = [a for p, o in zip(prompts, warmups["plain"].outputs, strict=True)
+              for a in oracle.copy_bound(p, o, k)]
     return dict(
         workload=label, config=dataclasses.asdict(cfg), num_prompts=len(prompts),
         mean_prompt_tokens=statistics.mean(map(len, prompts)),
+        copy_bound_acceptance_length=1 + statistics.mean(copied) if copied else None,
         hf_runtime=None if hf is None or cfg.temperature else hf.threads_note,
         methods={m: _summary(timed[m], timed["plain"], warmups.get(m)) for m in methods},
         mismatches=checker.mismatches)
@@ -419,6 +424,12 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
             f"| {_fmt(m.get('mean_acceptance_length'), '.2f')} | {overhead} "
             f"| {_fmt(m.get('mean_step_time_ms'), '.1f')} | {of_oracle} "
             f"| {_fmt(m['peak_rss_mib'], '.0f')} | {compiles} |")
+    copy_bound = results.get("copy_bound_acceptance_length")
+    if copy_bound is not None:
+        lines += ["", f"Copy bound: a drafter that copies from the text already seen accepts at "
+                  f"most {copy_bound:.2f} tokens per step at K={cfg['max_draft_len']} (bonus "
+                  "included): each step it drafts the longest prefix of plain's continuation "
+                  "found anywhere in the prompt and the reply so far (`benchmarks.oracle`)."]
     goals = goal_lines(results)
     if goals:
         lines += ["", f"Goals ({GOAL_ISSUES.get(results['workload'], 'issue 6')}):", *goals]

@@ -153,8 +153,12 @@ def test_protocol_and_arithmetic(scripted):
     # decode tok/s per round: plain 28, 4, 4 and SA 28, 28, 4.
     assert harness.ratio(results, "sa", "plain", decode=True) == pytest.approx(1.0)
     assert results["mismatches"] == []
+    # Copied drafts per step at K=3: 7 once seen, then 7 7 7 and the last 2 (1, 3, 2); 8 once
+    # seen, then 8 8 (1, 2): 9 over 5 steps, plus each step's bonus token.
+    assert results["copy_bound_acceptance_length"] == pytest.approx(1 + 9 / 5)
     json.dumps(results)
     text = harness.markdown(results)
+    assert "accepts at most 2.80 tokens per step at K=3" in text
     assert sum(line.startswith("| jaxspec") or line.startswith("| HF") for line in
                text.splitlines()) == len(harness.METHODS)
     assert "token-identical" in text

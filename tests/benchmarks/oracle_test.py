@@ -1,5 +1,7 @@
 """The oracle drafter drafts the known continuation, within K and the request's token budget."""
 
+import hypothesis
+from hypothesis import strategies as st
 import pytest
 
 from benchmarks import oracle
@@ -39,3 +41,31 @@ def test_follows_the_runtime_draft_len_and_each_prompt():
 def test_unknown_prompt_gets_no_drafts():
     drafter = oracle.OracleDrafter(3, {tuple(PROMPT): TRUTH})
     assert drafter.prepare_draft_tokens([request([9, 9], [1])]) == [[]]
+
+
+def brute_force_copy_bound(prompt, output, k):
+    """The same bound by slicing: the longest draft that is a substring of the text seen."""
+    accepted, done = [], 1
+    while done < len(output):
+        seen, room = prompt + output[:done], min(k, len(output) - done - 1)
+        subs = {tuple(seen[i:j]) for i in range(len(seen) + 1) for j in range(i, len(seen) + 1)}
+        a = max(n for n in range(room + 1) if tuple(output[done:done + n]) in subs)
+        accepted.append(a)
+        done += a + 1
+    return accepted
+
+
+def test_copy_bound_copies_from_anywhere_seen_and_stops_at_new_text():
+    prompt = [1, 2, 3, 4, 9, 2, 3, 5]
+    # After 2, 3 the first occurrence continues with 4, the later one with 5: the bound takes 5.
+    output = [7, 2, 3, 5, 8, 8, 8]
+    assert oracle.copy_bound(prompt, output, 4) == [3, 1]        # 8 is seen once drafted past
+    assert oracle.copy_bound(prompt, output, 2) == [2, 0, 1]     # the first 8 is new text
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(prompt=st.lists(st.integers(0, 3), max_size=12),
+                  output=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+                  k=st.integers(1, 5))
+def test_copy_bound_matches_brute_force(prompt, output, k):
+    assert oracle.copy_bound(prompt, output, k) == brute_force_copy_bound(prompt, output, k)
