@@ -15,6 +15,7 @@ before the run, and each step's actual time next to it.
 
 import argparse
 import dataclasses
+import math
 import pathlib
 import subprocess
 import sys
@@ -74,6 +75,7 @@ EQUIVALENCE_WORKLOADS = ("code_editing", "mtbench")
 LONG_CONTEXT_TOKENS = 1024
 LONG_CONTEXT_SLOPE = 3000.0
 HF_ONE_PREFILL_SAMPLE_TOKENS = 2048  # runs.ONE_PREFILL_SAMPLE_TOKENS (that module imports jax)
+SWEEP_MIN_TIMED_TOKENS = 512         # sweep.MIN_TIMED_TOKENS (that module imports jax)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +149,8 @@ def sweep_estimate(workload: str, batch_sizes: list[int], tokens: int, repeats: 
     for b in batch_sizes:
         step_cost = max(1.0, b / 4)
         one = b * prompt / PREFILL_TOKENS_PER_S + step_cost * tokens / DECODE_TOKENS_PER_S
-        total += 4 * ((1 + repeats) * one + COMPILE_S_PER_METHOD)
+        rounds = max(repeats, math.ceil(SWEEP_MIN_TIMED_TOKENS / (b * tokens)))
+        total += 4 * ((1 + rounds) * one + COMPILE_S_PER_METHOD)
     return total
 
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from benchmarks import run_all
 from benchmarks import runs
 from benchmarks import sweep
 from jaxspec import config as config_lib
@@ -56,9 +57,10 @@ def test_specs():
 
 def test_check_within_five_percent_of_the_best(calls):
     results = sweep.sweep(None, None, PROMPTS, batch_sizes=(1, 2), repeats=2, progress=False,
-                          schedule={2: 5})
+                          schedule={2: 5}, max_new_tokens=sweep.MIN_TIMED_TOKENS // 2)
     # A warm-up and two rounds of every method, batch size after batch size.
     assert calls == [(m, b) for b in (1, 2) for _ in range(3) for m in sweep.METHODS]
+    assert [row["rounds"] for row in results["rows"]] == [2, 2]
     one, two = results["rows"]
     assert one["methods"]["fixed"]["decode_tokens_per_s"] == pytest.approx(20.0)
     assert one["schedule_vs_best"] == pytest.approx(0.96) and one["schedule_ok"]
@@ -75,6 +77,18 @@ def test_check_within_five_percent_of_the_best(calls):
     assert "{fixed K, schedule, off} at every batch size: no" in text
     assert "| 0.25% |" in text and "at most 0.25% (goal < 1%: met)" in text
     assert "At batch 1, 2 the schedule drafts the same K as fixed K" in text
+    assert "medians over rounds (2 at batch 1, 2 at 2; at least 512 timed tokens" in text
+
+
+def test_small_batches_run_more_rounds(calls):
+    assert [sweep.timed_rounds(b, 32, 3) for b in (1, 2, 4, 8, 32)] == [16, 8, 4, 3, 3]
+    assert sweep.timed_rounds(1, 600, 3) == 3
+    assert run_all.SWEEP_MIN_TIMED_TOKENS == sweep.MIN_TIMED_TOKENS
+    results = sweep.sweep(None, None, PROMPTS, batch_sizes=(1, 2), repeats=1, progress=False,
+                          max_new_tokens=sweep.MIN_TIMED_TOKENS // 4)
+    assert [row["rounds"] for row in results["rows"]] == [4, 2]
+    assert calls == [(m, b) for b, rounds in ((1, 4), (2, 2)) for _ in range(1 + rounds)
+                     for m in sweep.METHODS]
 
 
 def test_refusals():
