@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results))
     if args.write:
-        report.write_section(SECTION, text, command="python -m benchmarks.sweep " + " ".join(argv))
+        report.write_section(SECTION, text, command=" ".join(
+            ["python -m benchmarks.sweep", *map(report.checkout_relative, argv)]))
     return 0
 
 
