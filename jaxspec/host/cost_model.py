@@ -81,6 +81,9 @@ class StepCostModel:
     def __init__(self, path: pathlib.Path | None = None):
         self.path = path
         self._samples: dict[tuple[int, int, int], collections.deque] = {}
+        # `_timed` per (rows, context bucket), until a sample there changes it: a decision asks
+        # for it twice (`plain_unsettled`, `costs`), and steps observe one key each.
+        self._timed_cache: dict[tuple[int, int], dict[int, tuple[float, int]]] = {}
         self._unsaved = 0
         if path is not None and path.is_file():
             for key, values in json.loads(path.read_text()).items():
@@ -91,6 +94,7 @@ class StepCostModel:
         """One measured step (compilation excluded) of `rows` rows, width `k`, at `context`."""
         key = (rows, k, context_bucket(context))
         self._samples.setdefault(key, collections.deque(maxlen=WINDOW)).append(float(seconds))
+        self._timed_cache.pop((rows, key[2]), None)
         self._unsaved += 1
         if self._unsaved >= SAVE_EVERY:
             self.save()
@@ -103,8 +107,11 @@ class StepCostModel:
     def _timed(self, rows: int, context: int) -> dict[int, tuple[float, int]]:
         """k -> (median seconds, samples) of every width timed at (rows, context bucket)."""
         bucket = context_bucket(context)
-        return {k: (statistics.median(s), len(s)) for (r, k, c), s in self._samples.items()
+        if (rows, bucket) not in self._timed_cache:
+            self._timed_cache[rows, bucket] = {
+                k: (statistics.median(s), len(s)) for (r, k, c), s in self._samples.items()
                 if r == rows and c == bucket and s}
+        return self._timed_cache[rows, bucket]
 
     def plain_unsettled(self, rows: int, context: int) -> bool:
         """Whether the plain step at (rows, context) needs another sample before verify widths
