@@ -245,6 +245,13 @@ def _pinned(cfg: StepConfig, state: DeviceState, outputs):
     return (state, *outputs) if isinstance(outputs, tuple) else (state, outputs)
 
 
+def weights(params) -> dict:
+    """The model's weights as the jitted functions here take them fastest: the NNX state's pure
+    dict (`nnx.to_pure_dict`). jit flattens a dict in C++; an NNX state's 272 variables of
+    SmolLM2 flatten in Python, 0.4-1.5 ms of every call (up to 5% of a 30 ms plain step)."""
+    return nnx.to_pure_dict(params)
+
+
 def _forward(graphdef, params, tokens, kv, view):
     model = nnx.merge(graphdef, params)
     hidden, kv = model(tokens, kv, view)
@@ -257,7 +264,7 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
     """One prompt chunk per row.
 
     Args:
-      params: the model's NNX state.
+      params: the model's weights (`weights`; its NNX state works too, slower).
       state: the device state (donated; only its KV pages change).
       tokens: i32[B, C] chunk tokens, padded past view.num_new[b].
       view: rows' page tables; lengths = tokens of the prompt already cached.
@@ -334,7 +341,7 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     """Forward over [B, 1+K], verify, commit, and (device automata) refill the drafts.
 
     Args:
-      params: the model's NNX state.
+      params: the model's weights (`weights`; its NNX state works too, slower).
       state: the device state (donated).
       inputs: the batch.
       cfg: static configuration.

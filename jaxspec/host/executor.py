@@ -174,6 +174,7 @@ class Executor:
         if self.mesh is not None:
             specs = model.param_specs(sharding.MODEL, sharding.sizes(self.mesh)[1])
             self.params = sharding.place_params(self.mesh, self.params, specs)
+        self.params = step_lib.weights(self.params)
         self.vocab_size = model.vocab_size
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
         # Every page table is as wide as the longest sequence allowed: one width per compiled

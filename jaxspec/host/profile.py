@@ -53,6 +53,7 @@ def profile(model, costs: cost_model_lib.StepCostModel, *, batch_sizes, widths, 
     The KV pages are in the model's dtype (`cache_spec.dtype`), as the executor allocates them.
     """
     graphdef, params = nnx.split(model)
+    params = step_lib.weights(params)          # as the executor passes them: timed alike
     spec = model.cache_spec
     cols = -(-(max(contexts) + 1 + max(widths)) // page_size)
     kv = kv_cache.init_pages(num_layers=spec.num_layers, num_pages=cols + 1, page_size=page_size,

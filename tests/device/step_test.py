@@ -3,6 +3,7 @@ rows, draft sources (host, automaton, enhancer), the device state passed through
 configuration, and StepConfig validation."""
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -69,6 +70,23 @@ def test_host_drafts_accept_the_matching_prefix_and_add_the_bonus(tiny_lm, uncac
     np.testing.assert_array_equal(out.new_tokens[0], [truth[1], truth[2], truth[3], 0])
     np.testing.assert_array_equal(out.draft_lens, [3, 0])        # padding row verifies nothing
     assert state.sa is None and state.drafts is None
+
+
+def test_weights_flatten_without_nnx_and_step_alike(tiny_lm):
+    """The executor passes `weights`: a pytree of plain dicts (flattened in C++, where an NNX
+    state's variables flatten in Python on every call) that steps exactly as the NNX state."""
+    cfg = step_lib.StepConfig(graphdef=nnx.graphdef(tiny_lm), k=2, draft_source="host", top2=True)
+    params, state, first = _prefilled(tiny_lm, PROMPT, cfg)
+    weights = step_lib.weights(params)
+    leaves, treedef = jax.tree.flatten(weights)
+    assert len(leaves) == len(jax.tree.leaves(params))
+    assert all(isinstance(x, jax.Array) for x in leaves)
+    assert "Variable" not in str(treedef) and "State" not in str(treedef)
+    inputs = _inputs(first, 2, [[3, 4], [0, 0]], [2, 0])
+    state, by_state = step_lib.step(params, state, inputs, cfg=cfg)
+    _, by_weights = step_lib.step(weights, state, inputs, cfg=cfg)
+    np.testing.assert_array_equal(by_weights.top2, by_state.top2)
+    np.testing.assert_array_equal(by_weights.new_tokens, by_state.new_tokens)
 
 
 def test_a_short_host_draft_is_not_padded_into_acceptance(tiny_lm, uncached_greedy):
