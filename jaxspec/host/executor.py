@@ -10,6 +10,7 @@ each:
      the token budget left after the prompt chunks; host drafters (NGram, user drafters) draft
      now, padded to K with the real lengths kept apart (the automata drafted inside the previous
      step, on the device); a batch with no draft runs with K = 0; KV pages for 1 + K per row.
+     With adaptive K, a request whose drafts stopped paying rests its automaton (rest.py).
   6. `_run`: forward + verify in one jitted call (`_prefill` does the forward of prompt chunks);
      KV rollback is a length reset.
   7. `_commit`: accepted tokens + the bonus token go to the requests; the automata were extended
@@ -53,6 +54,7 @@ from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
 from jaxspec.host import policy as policy_lib
 from jaxspec.host import requests as requests_lib
+from jaxspec.host import rest as rest_lib
 from jaxspec.host import sa_slots
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.host import stats as stats_lib
@@ -194,6 +196,9 @@ class Executor:
             self.costs = cost_model or cost_model_lib.StepCostModel(
                 cost_model_lib.default_path(model_key(model, self.kv_dtype)))
             self.widths = adaptive.widths_up_to(max_k)
+        # Adaptive K rests the automata of requests whose drafts do not pay (rest.py).
+        self._rests: dict[int, rest_lib.Rest] | None = (
+            {} if self.policy.adaptive and self.slots is not None else None)
         self.compiles = compiles_lib.LEDGER
         init_kv = functools.partial(
             kv_cache.init_pages, num_layers=cs.num_layers,
@@ -299,6 +304,8 @@ class Executor:
             self._unprimed.remove(request)
         if self._request_gates is not None:
             self._request_gates.pop(request.request_id, None)
+        if self._rests is not None:
+            self._rests.pop(request.request_id, None)
         return self._live.pop(request.request_id)
 
     # ------------------------------------------------------------------ the iteration
@@ -356,8 +363,11 @@ class Executor:
         # One K per compiled bucket, within the budget the prompt chunks left and the gate's cap.
         fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
         k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
+        allowed = k
         if self.policy.adaptive:
             rows = self._compiled_rows(reqs, rows)
+        if self._rests is not None:
+            self._tick_rests(reqs)
         drafts, lens, matches, slots = self._drafts(reqs, rows, k)
         decide_start = time.perf_counter()
         if self.policy.adaptive and k and lens.any():
@@ -366,6 +376,11 @@ class Executor:
             for i, r in enumerate(reqs):
                 lens[i] = self._request_gate(r).allowed(lens[i])
         lens = np.minimum(lens, k)
+        if self._rests is not None and allowed:
+            for r, n in zip(reqs, lens, strict=False):
+                rest = self._rests.setdefault(r.request_id, rest_lib.Rest())
+                if not rest.resting:
+                    rest.planned(drafted=bool(n))
         # Verifying only padding costs a wider forward for nothing.
         if not lens.any():
             k = self._plain_width(reqs, rows) if self.policy.adaptive else 0
@@ -394,13 +409,29 @@ class Executor:
         slots = np.zeros((rows,), np.int32)
         if self.slots is not None:
             self._flush_automata()
-            slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - n))
-            automaton = np.asarray([r.next_draft_len for r in reqs], np.int32)
+            # A resting request's row points at the dummy slot: nothing extended or searched.
+            ids = [None if self._resting(r) else r.request_id for r in reqs]
+            slots = self.slots.slots(ids + [None] * (rows - n))
+            automaton = np.asarray([0 if i is None else r.next_draft_len
+                                    for r, i in zip(reqs, ids, strict=True)], np.int32)
             # The automaton's draft where it has one: all of them ("sa"), or the rows whose
             # match reaches the enhancer's threshold (their admitted length is non-zero).
             lens[:n] = np.where(automaton > 0, automaton, lens[:n])
             matches[:n] = np.where(automaton > 0, [r.next_match_len for r in reqs], matches[:n])
         return drafts, lens, matches, slots
+
+    def _resting(self, request: requests_lib.Request) -> bool:
+        rest = None if self._rests is None else self._rests.get(request.request_id)
+        return rest is not None and rest.resting
+
+    def _tick_rests(self, reqs):
+        """A step of each resting request's rest; one whose rest ends gets its automaton rebuilt
+        from all of its tokens, copied and primed by the next flush."""
+        for r in reqs:
+            rest = self._rests.get(r.request_id)
+            if rest is not None and rest.resting and rest.tick():
+                self.slots.add_request(r.request_id, r.tokens)
+                self._unprimed.append(r)
 
     def _choose(self, reqs, rows: int, k: int, lens, matches):
         """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
@@ -599,7 +630,11 @@ class Executor:
         """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
         reqs = plan.requests
         if self.slots is not None:
-            self.slots.advance([r.request_id for r in reqs], out.num_new_tokens[:len(reqs)])
+            # Rows on the dummy slot (padding, resting requests) extended nothing.
+            dummy = self.slots.dummy_slot
+            self.slots.advance([r.request_id if s != dummy else None
+                                for r, s in zip(reqs, plan.slots, strict=False)],
+                               out.num_new_tokens[:len(reqs)])
         events, pairs, kept = [], [], []
         for i, r in enumerate(reqs):
             n = int(out.num_new_tokens[i])

@@ -12,6 +12,7 @@ from jaxspec import engine as engine_lib
 from jaxspec.host import compiles
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import requests as requests_lib
+from jaxspec.host import rest as rest_lib
 from jaxspec.host import scheduler as scheduler_lib
 from tests.helpers import random_prompts
 
@@ -248,3 +249,46 @@ def test_adaptive_k_measures_the_plain_step_before_weighing_widths(tiny_lm, unca
     assert costs.measured(1, 0, 1) is not None
     first = next(i for i, k in enumerate(history) if k)
     assert first >= 1 and set(history[:first]) == {0}
+
+
+def test_resting_automata_rebuild_exactly_and_draft_again(tiny_lm, uncached_greedy, monkeypatch):
+    """With rests cut short (two idle steps, then rests of 2-4 steps), requests rest and wake
+    often. After every step, each awake request's device automaton holds exactly its tokens
+    (resting rows extended nothing, woken ones were rebuilt), outputs stay greedy, and requests
+    have drafts accepted after waking."""
+    for name, value in (("REST_AFTER", 2), ("RECHECK_AFTER", 1), ("FIRST_WAIT", 2),
+                        ("MAX_WAIT", 4)):
+        monkeypatch.setattr(rest_lib, name, value)
+    costs = cost_model_lib.StepCostModel()
+    for rows in (1, 2, 4):
+        for k in range(5):
+            for _ in range(cost_model_lib.MIN_SAMPLES):
+                costs.observe(rows, k, 1, 1.0 + 0.1 * k)
+    spec = js.SAConfig(max_draft_len=4, adaptive=True, min_match_len=1)
+    executor = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG, cost_model=costs).executor
+    prompts = random_prompts(11, [9, 12, 15], alphabet_size=3)
+    ids = [_add(executor, p, 50) for p in prompts]
+    done, rested, woke, accepted_awake = {}, set(), set(), collections.Counter()
+    with compiles.LEDGER.eager():
+        while executor.has_work():
+            before = {rid: executor._resting(r) for rid, r in executor._live.items()}
+            accepted = {rid: r.accepted for rid, r in executor._live.items()}
+            done.update((e.request_id, e.result) for e in executor.step() if e.finished)
+            sa = executor.state.sa
+            for rid, r in executor._live.items():
+                if r.state is not requests_lib.State.DECODE or r in executor._unprimed:
+                    continue            # its prompt's automaton is copied by the next step
+                if executor._resting(r):
+                    rested.add(rid)
+                    continue
+                if before.get(rid):
+                    woke.add(rid)
+                if rid in woke:
+                    accepted_awake[rid] += r.accepted - accepted.get(rid, 0)
+                slot = int(executor.slots.slots([rid])[0])
+                assert sa.text[slot, :int(sa.text_len[slot])].tolist() == r.tokens
+                assert executor.slots.remaining(rid) == executor.slots.max_seq_len - len(r.tokens)
+            assert int(sa.text_len[executor.slots.dummy_slot]) == 0
+    for rid, p in zip(ids, prompts, strict=True):
+        assert done[rid].output == uncached_greedy(tiny_lm, p, 50)
+    assert rested and woke and sum(accepted_awake.values()) > 0, (rested, woke, accepted_awake)
