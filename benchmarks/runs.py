@@ -105,8 +105,11 @@ def load_note(start: float | None, end: float | None) -> str:
     """A sentence on how busy the machine was: above the core count, timings were shared."""
     if start is None or end is None:
         return ""
+    cores = os.cpu_count()
+    verdict = ("above the core count: other work shared the CPU" if max(start, end) > cores
+               else "not above the core count")
     return (f"1-minute load average {start:.1f} at the start and {end:.1f} at the end, on "
-            f"{os.cpu_count()} cores (above the core count, other work shared the CPU).")
+            f"{cores} cores ({verdict}).")
 
 
 def stop_ids(tokenizer) -> tuple[int, ...]:

@@ -1,5 +1,7 @@
 """Passes, throughput conventions, compile counting and the capacity a benchmark asks for."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -50,6 +52,9 @@ def test_load_note():
     assert runs.load_note(None, 1.0) == ""
     note = runs.load_note(3.25, 0.5)
     assert note.startswith("1-minute load average 3.2 at the start and 0.5 at the end, on ")
+    busy = os.cpu_count() + 0.5
+    assert runs.load_note(0.1, busy).endswith("(above the core count: other work shared the CPU).")
+    assert runs.load_note(0.1, 0.2).endswith("(not above the core count).")
     assert isinstance(runs.load_average(), float)
 
 
