@@ -106,6 +106,7 @@ def load_note(start: float | None, end: float | None) -> str:
     if start is None or end is None:
         return ""
     cores = os.cpu_count()
+    start, end = round(start, 1), round(end, 1)    # the verdict agrees with the figures shown
     verdict = ("above the core count: other work shared the CPU" if max(start, end) > cores
                else "not above the core count")
     return (f"1-minute load average {start:.1f} at the start and {end:.1f} at the end, on "

@@ -55,6 +55,7 @@ def test_load_note():
     busy = os.cpu_count() + 0.5
     assert runs.load_note(0.1, busy).endswith("(above the core count: other work shared the CPU).")
     assert runs.load_note(0.1, 0.2).endswith("(not above the core count).")
+    assert runs.load_note(0.1, os.cpu_count() + 0.04).endswith("(not above the core count).")
     assert isinstance(runs.load_average(), float)
 
 
