@@ -5,7 +5,13 @@ lent GPU, writing what it measured as it goes.
     python -m benchmarks.gpu_check --cpu                 # tiny sizes, interpreted kernels, CPU
     python -m benchmarks.gpu_check --record RESULT.json  # a GPU result into BENCHMARKS.md
 
-Sections, in this order (`--sections` picks some):
+Sections, in this order (`--sections` picks some): first what the step's speed depends on, then
+the kernels' proofs.
+
+  profile    where a step's time goes (`benchmarks.step_profile`): for the plain and K=4 steps,
+             bfloat16 and float32, batch 1, the compiled executable's kernels, GEMMs, copies,
+             while loops and command-buffer (CUDA graph) regions; the step's wall time synced
+             and pipelined; a profiler trace's kernels and device-busy time per step.
 
   kernels    the automaton kernels (extend + lookup, longest and fixed-M; the global search)
              against the XLA reference (`benchmarks.kernel_check`): batch 1 to 256, histories
@@ -56,7 +62,7 @@ import traceback
 
 from benchmarks import gpu_sections
 
-SECTIONS = ("kernels", "attention", "sa_timing", "step", "engine", "mesh")
+SECTIONS = ("profile", "engine", "step", "kernels", "attention", "sa_timing", "mesh")
 RESULT_JSON, RESULT_MD = "gpu_check.json", "gpu_check.md"
 BENCHMARKS_SECTION = "gpu_check"
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "numba", "tokenizers", "gguf", "triton")
@@ -89,6 +95,7 @@ class Sizes:
       step_grid: (dtype, attention implementation, batch, K) per step key, in order.
       contexts: cached tokens per row for every step key.
       step_repeats: timed steps per (key, context).
+      profile_keys: (dtype, batch, K) per profile key; profile_context: their cached tokens.
       engine_batches, engine_prompts, max_new_tokens, engine_repeats: the engine section.
     """
 
@@ -103,6 +110,8 @@ class Sizes:
     step_grid: tuple[tuple[str, str, int, int], ...]
     contexts: tuple[int, ...]
     step_repeats: int
+    profile_keys: tuple[tuple[str, int, int], ...]
+    profile_context: int
     engine_batches: tuple[int, ...]
     engine_prompts: int
     max_new_tokens: int
@@ -125,6 +134,8 @@ GPU_SIZES = Sizes(
     attention=((1, 0, 8192, "float32"), (8, 4, 8192, "bfloat16"), (64, 8, 2048, "bfloat16"),
                (64, 0, 8192, "float32"), (16, 16, 1000, "bfloat16")),
     model="smollm2", step_grid=_gpu_step_grid(), contexts=(512, 2048, 8192), step_repeats=5,
+    profile_keys=tuple((d, 1, k) for d in ("bfloat16", "float32") for k in (0, 4)),
+    profile_context=2048,
     engine_batches=(1, 8), engine_prompts=8, max_new_tokens=128, engine_repeats=2)
 # Interpreted kernels and the tiny model: every line of the script runs, no number means much.
 CPU_SIZES = Sizes(
@@ -132,7 +143,9 @@ CPU_SIZES = Sizes(
     timing_warmup=1, attention=((2, 0, 40, "float32"), (3, 2, 70, "bfloat16")), model="tiny",
     step_grid=(("float32", "xla", 1, 0), ("float32", "xla", 1, 2), ("bfloat16", "xla", 2, 0),
                ("bfloat16", "xla", 2, 2)),
-    contexts=(100, 300), step_repeats=2, engine_batches=(2,), engine_prompts=2, max_new_tokens=8,
+    contexts=(100, 300), step_repeats=2,
+    profile_keys=(("float32", 1, 0), ("bfloat16", 2, 2)), profile_context=100,
+    engine_batches=(2,), engine_prompts=2, max_new_tokens=8,
     engine_repeats=1)
 
 
@@ -140,8 +153,9 @@ class Run:
     """One run's results, output folder, clock and log."""
 
     def __init__(self, out: pathlib.Path, sizes: Sizes, *, cpu: bool, budget_s: float,
-                 seed: int, gguf: str | None, argv: list[str]):
+                 seed: int, gguf: str | None, argv: list[str], dump: bool = False):
         self.out, self.sizes, self.cpu, self.seed, self.gguf = out, sizes, cpu, seed, gguf
+        self.dump = dump
         self.start = time.monotonic()
         self.deadline = self.start + budget_s
         self.results = dict(status="running", meta=dict(argv=argv, budget_s=budget_s),
@@ -279,6 +293,16 @@ def markdown(results: dict) -> str:
             lines += [f"| {r['history']:,} | {r['batch']} | {r['mode']} | {r['xla_us']:.0f} "
                       f"| {r['pallas_us']:.0f} | {r['xla_us'] / r['pallas_us']:.1f}x |"
                       for r in section["rows"]]
+        if name == "profile" and section.get("rows"):
+            from benchmarks import step_profile
+
+            lines += ["", f"Model {section['model']} (random weights), {section['context']:,} "
+                      "cached tokens. Kernels, GEMMs, custom calls, copies, loops and graphs are "
+                      "counted in the compiled executable (loop bodies once); synced = the host "
+                      "reads every step's outputs, pipelined = steps dispatched back to back "
+                      f"(median of 3 x {section['repeats']} steps); the trace counts kernels and "
+                      "device-busy time per step (command buffers run kernel by kernel under the "
+                      "profiler).", "", *step_profile.table(section["rows"])]
         if name == "step" and section.get("rows"):
             lines += ["", f"One jitted step (`jaxspec.host.profile`, median of "
                       f"{section['repeats']}), model {section['model']} with random weights; "
@@ -314,6 +338,14 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
+def _profile_keys(text: str) -> tuple[tuple[str, int, int], ...]:
+    keys = []
+    for key in text.split(","):
+        dtype, batch, k = key.split(":")
+        keys.append((dtype, int(batch), int(k)))
+    return tuple(keys)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check",
                                      description=__doc__.splitlines()[0])
@@ -328,6 +360,9 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"seconds for all sections (default {DEFAULT_BUDGET_S['gpu']:.0f} "
                         "on a GPU)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dump", action="store_true",
+                        help="the profile section also writes each key's compiled HLO and trace "
+                        "into --out")
     parser.add_argument("--record", type=pathlib.Path, default=None, metavar="RESULT_JSON",
                         help="write a GPU run's results into BENCHMARKS.md and exit")
     sizes = parser.add_argument_group("sizes (default: the GPU's, or the CPU's with --cpu)")
@@ -344,6 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     sizes.add_argument("--implementations", type=lambda s: tuple(s.split(",")))
     sizes.add_argument("--contexts", type=_ints, help="step contexts, e.g. 512,2048,8192")
     sizes.add_argument("--step-repeats", type=int)
+    sizes.add_argument("--profile-keys", type=_profile_keys,
+                       help="profile keys dtype:batch:K, comma-separated, e.g. bfloat16:1:0")
+    sizes.add_argument("--profile-context", type=int)
     sizes.add_argument("--engine-batches", type=_ints)
     sizes.add_argument("--engine-prompts", type=int)
     sizes.add_argument("--max-new-tokens", type=int)
@@ -358,6 +396,7 @@ def sizes_from(args) -> Sizes:
     fields = dict(batches=args.batches, histories=args.histories, modes=args.modes,
                   check_steps=args.check_steps, timing_steps=args.timing_steps,
                   contexts=args.contexts, step_repeats=args.step_repeats,
+                  profile_keys=args.profile_keys, profile_context=args.profile_context,
                   engine_batches=args.engine_batches, engine_prompts=args.engine_prompts,
                   max_new_tokens=args.max_new_tokens)
     grid = (args.dtypes, args.implementations, args.step_batches, args.step_ks)
@@ -416,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sizes_from(args)
     budget = args.budget_s or DEFAULT_BUDGET_S["cpu" if args.cpu else "gpu"]
     run = Run(args.out, sizes, cpu=args.cpu, budget_s=budget, seed=args.seed, gguf=args.gguf,
-              argv=argv)
+              argv=argv, dump=args.dump)
     run.results["meta"].update(machine(argv), budget_s=budget, sections=sections)
     meta = run.results["meta"]
     run.log(f"{meta['gpu'] or meta['devices'][0]} ({meta['backend']}), driver {meta['driver']}, "

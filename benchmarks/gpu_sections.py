@@ -17,6 +17,7 @@ from benchmarks import host_overhead
 from benchmarks import kernel_check
 from benchmarks import runs
 from benchmarks import sa_overhead
+from benchmarks import step_profile
 from benchmarks import workloads
 from jaxspec.host import cost_model
 from jaxspec.host import profile
@@ -134,6 +135,36 @@ def step(run, section: dict):
         run.save()
 
 
+def profile_steps(run, section: dict):
+    """Each profile key's compiled census, synced and pipelined step time, and trace summary
+    (`benchmarks.step_profile`)."""
+    sizes = run.sizes
+    model = _model(sizes.model)
+    models = {}
+    section.update(model=sizes.model, context=sizes.profile_context,
+                   repeats=sizes.step_repeats, rows=[], skipped=[])
+    for dtype, batch, k in sizes.profile_keys:
+        if run.left() <= 0:
+            section["skipped"].append(f"{dtype} batch {batch} K={k}")
+            continue
+        if dtype not in models:
+            models[dtype] = precision.cast(model, dtype)
+        row = dict(dtype=dtype, batch=batch, k=k, context=sizes.profile_context,
+                   **step_profile.profile_key(
+                       models[dtype], batch=batch, k=k, context=sizes.profile_context,
+                       repeats=sizes.step_repeats,
+                       dump=run.out / f"{dtype}_b{batch}_k{k}" if run.dump else None))
+        section["rows"].append(row)
+        census, trace = row["census"], row["trace"]
+        run.log(f"  {dtype} batch {batch} K={k}: {census['kernels']} kernels, "
+                f"{census['gemms']} GEMMs, {len(census['while_loops'])} loops, "
+                f"{census['command_buffers']} graphs; {row['synced_ms']:.2f} ms synced, "
+                f"{row['pipelined_ms']:.2f} pipelined; traced "
+                f"{trace['kernels_per_step']} kernels, busy {trace['busy_ms_per_step']} ms "
+                "per step")
+        run.save()
+
+
 def _synthetic_prompts(count: int, vocab: int) -> list[list[int]]:
     """Prompts that repeat themselves (something for the automaton to copy), for the tiny model."""
     rng = np.random.default_rng(0)
@@ -199,5 +230,5 @@ def mesh(run, section: dict):
         raise RuntimeError("the mesh code path changed the tokens")
 
 
-SECTIONS = dict(kernels=kernels, attention=attention, sa_timing=sa_timing, step=step,
-                engine=engine, mesh=mesh)
+SECTIONS = dict(profile=profile_steps, kernels=kernels, attention=attention, sa_timing=sa_timing,
+                step=step, engine=engine, mesh=mesh)

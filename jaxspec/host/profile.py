@@ -19,8 +19,10 @@ from jaxspec.device import step as step_lib
 from jaxspec.host import cost_model as cost_model_lib
 
 
-def _inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: int,
-            rng, implementation: str | None = None) -> step_lib.StepInputs:
+def step_inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: int,
+                rng, implementation: str | None = None) -> step_lib.StepInputs:
+    """A step's batch of random tokens and K host drafts per row, every row `context` tokens
+    into a table of `cols` pages."""
     # Every row reads the same pages: the step reads and writes as much as with its own.
     table = np.tile(np.arange(1, cols + 1, dtype=np.int32), (rows, 1))
     return step_lib.StepInputs(
@@ -65,7 +67,8 @@ def profile(model, costs: cost_model_lib.StepCostModel, *, batch_sizes, widths, 
     for rows, k, context in tqdm(grid, desc="profile", disable=not progress):
         cfg = step_lib.canonical(step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host",
                                                      implementation=implementation))
-        inputs = _inputs(rows, k, context, page_size, cols, model.vocab_size, rng, implementation)
+        inputs = step_inputs(rows, k, context, page_size, cols, model.vocab_size, rng,
+                             implementation)
         state, out = step_lib.step(params, state, inputs, cfg=cfg)      # compiles
         jax.block_until_ready(out)
         for _ in range(repeats):
