@@ -33,11 +33,13 @@ MAX_QUERY_ROWS = 128
 # Programs to aim for: about two waves over the 132 SMs of an H100/H200. Fewer (a small batch)
 # leave SMs idle for the whole context; more only add partials to combine.
 TARGET_PROGRAMS = 256
-# Warps per program: a first guess, to tune on the GPU. 4 hold the [16 or 32, D] accumulator and
-# the score tile; 8 share the larger tiles of long verify windows.
-NUM_WARPS_SMALL_Q, NUM_WARPS_LARGE_Q = 4, 8
+# (num_warps, num_stages) per page dtype, measured on an H200 at SmolLM2's shapes, batch 1, 2k
+# cached tokens, 30 layers (`benchmarks.attention_tuning`, us per layer): float32 pages (4, 2)
+# 14.9 (causal 20.4); bfloat16 pages (4, 2) 57.9 (93.9), (4, 1) 64.1 (36.7), (8, 1) 14.6 (22.1):
+# the narrower gathers need twice the warps and no software pipelining.
+LAUNCH = {"float32": (4, 2), "bfloat16": (8, 1)}
+# More query rows than this (long verify windows) take 8 warps whatever the dtype.
 SMALL_Q = 32
-NUM_STAGES = 2
 # f32 dots in IEEE precision, not TF32 (Triton's default): TF32's 10-bit mantissa would let the
 # kernel's scores drift from the XLA path's, and with them the greedy tokens.
 PRECISION = lax.Precision.HIGHEST
@@ -114,7 +116,7 @@ def _cached_attention_kernel(
 
 
 def static_validate(q, k_pages, v_pages, page_table, lengths, *, layer: int,
-                    pages_per_block: int) -> None:
+                    pages_per_block: int, max_query_rows: int | None = MAX_QUERY_ROWS) -> None:
     """Checks shapes and dtypes before tracing.
 
     Raises:
@@ -152,9 +154,9 @@ def static_validate(q, k_pages, v_pages, page_table, lengths, *, layer: int,
         if size < MIN_DOT_DIM or size & (size - 1):
             raise NotImplementedError(f"{name} = {size}: Triton tiles need a power of 2 >= "
                                       f"{MIN_DOT_DIM}")
-    if query_rows > MAX_QUERY_ROWS:
+    if max_query_rows is not None and query_rows > max_query_rows:
         raise NotImplementedError(f"{query_rows} query rows per KV head (G * T) > "
-                                  f"{MAX_QUERY_ROWS}")
+                                  f"{max_query_rows}")
     if rows == 0 or kv_heads == 0:
         raise NotImplementedError(f"empty grid: {rows} rows x {kv_heads} KV heads")
 
@@ -179,7 +181,8 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
     padded_rows = max(MIN_DOT_DIM, pl.next_power_of_2(query_rows))
     q = jnp.pad(q, ((0, 0), (0, 0), (0, padded_rows - query_rows), (0, 0)))
     partial_shape = (rows, kv_heads, num_splits, padded_rows)
-    num_warps = NUM_WARPS_SMALL_Q if padded_rows <= SMALL_Q else NUM_WARPS_LARGE_Q
+    num_warps, num_stages = LAUNCH[jnp.dtype(k_pages.dtype).name]
+    num_warps = num_warps if padded_rows <= SMALL_Q else max(num_warps, 8)
     kernel = functools.partial(_cached_attention_kernel, pages_per_block=pages_per_block,
                                num_splits=num_splits)
     acc, m_s, l_s = pl.pallas_call(
@@ -188,7 +191,7 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
         out_shape=[jax.ShapeDtypeStruct((*partial_shape, head_dim), jnp.float32),   # acc
                    jax.ShapeDtypeStruct(partial_shape, jnp.float32),                # m
                    jax.ShapeDtypeStruct(partial_shape, jnp.float32)],               # l
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=NUM_STAGES),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         # The layer is an operand, not a constant: every layer lowers to the same Triton IR.
         name=f"cached_attention_{pages_per_block=}_{num_splits=}",
@@ -238,3 +241,147 @@ def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
     return cached_attention_call(q, k_pages, v_pages, page_table, lengths, layer=layer,
                                  pages_per_block=pages_per_block, num_splits=num_splits,
                                  interpret=interpret)
+
+
+# ------------------------------------------------------------------ causal attention (exact)
+
+# Keys per split of `causal_attention`: at least this many, doubled until a table has at most
+# MAX_CAUSAL_SPLITS splits. Fixed by the table's width alone, so every call of an engine splits
+# a row's keys at the same absolute positions.
+MIN_SPLIT_KEYS = 256
+MAX_CAUSAL_SPLITS = 16
+# Query rows per program: the smallest Triton dot tile, whatever the number of queries.
+QUERY_TILE = 16
+
+
+def split_keys(table_keys: int) -> int:
+    """Keys per split for a page table of `table_keys` slots."""
+    keys = MIN_SPLIT_KEYS
+    while pl.cdiv(table_keys, keys) > MAX_CAUSAL_SPLITS:
+        keys *= 2
+    return keys
+
+
+def _causal_attention_kernel(
+    # inputs
+    layer_ref,        # i32[1]
+    q_ref,            # f32[B, Hkv, Qp, D], Qp a multiple of QUERY_TILE
+    k_pages_ref,      # [L, N, S, Hkv, D]
+    v_pages_ref,      # [L, N, S, Hkv, D]
+    page_table_ref,   # i32[B, P]
+    lengths_ref,      # i32[B]
+    # outputs
+    acc_ref,          # f32[B, Hkv, splits, Qp, D]
+    m_ref,            # f32[B, Hkv, splits, Qp]
+    l_ref,            # f32[B, Hkv, splits, Qp]
+    *, pages_per_block: int, blocks_per_split: int, num_new: int, num_queries: int,
+):
+    row, head = pl.program_id(0), pl.program_id(1)
+    tile, split = pl.program_id(2), pl.program_id(3)
+    _, num_pages, page_size, _, head_dim = k_pages_ref.shape
+    table_width = page_table_ref.shape[1]
+    block_k = pages_per_block * page_size
+    layer = layer_ref[0]
+    queries = pl.ds(tile * QUERY_TILE, QUERY_TILE)
+    q = q_ref[row, head, queries, :]                                        # [QT, D]
+    # Query r of a KV head is new token r % T, at position length + r % T: it sees the keys
+    # below length + r % T + 1, which the caller wrote before this call. Padding queries see none.
+    r = tile * QUERY_TILE + jnp.arange(QUERY_TILE, dtype=jnp.int32)
+    cached = lengths_ref[row]
+    limit = jnp.where(r < num_queries, cached + r % num_new + 1, 0)       # [QT]
+    row_limit = jnp.minimum(cached + num_new, table_width * page_size)
+    first = split * blocks_per_split
+    last = jnp.minimum(first + blocks_per_split, pl.cdiv(row_limit, block_k))
+    offsets = jnp.arange(block_k, dtype=jnp.int32)
+    dims = jnp.arange(head_dim, dtype=jnp.int32)
+
+    def body(block, carry):
+        acc, m_i, l_i = carry
+        pos = block * block_k + offsets                                     # [block_k]
+        readable = pos < row_limit
+        col = jnp.minimum(block * pages_per_block + offsets // page_size, table_width - 1)
+        page = jnp.clip(page_table_ref[row, col], 0, num_pages - 1)
+        index = (layer, page[:, None], (offsets % page_size)[:, None], head, dims[None, :])
+        k = plgpu.load(k_pages_ref.at[index], mask=readable[:, None], other=0.0)
+        v = plgpu.load(v_pages_ref.at[index], mask=readable[:, None], other=0.0)
+        visible = pos[None, :] < limit[:, None]                             # [QT, block_k]
+        scores = jnp.where(visible, _dot(q, k.astype(jnp.float32), trans_b=True), MASK_VALUE)
+        m_next = jnp.maximum(m_i, scores.max(axis=1))
+        # Masked keys weigh exp(MASK - m) = 0 beside any real score: a block past a query's
+        # last key leaves its (acc, m, l) exactly as they were.
+        correction = jnp.exp(m_i - m_next)
+        p = jnp.where(visible, jnp.exp(scores - m_next[:, None]), 0.0)
+        l_i = correction * l_i + p.sum(axis=1)
+        acc = correction[:, None] * acc + _dot(p, v.astype(jnp.float32))
+        return acc, m_next, l_i
+
+    acc = jnp.zeros((QUERY_TILE, head_dim), jnp.float32)
+    m_i = jnp.full((QUERY_TILE,), MASK_VALUE, jnp.float32)
+    l_i = jnp.zeros((QUERY_TILE,), jnp.float32)
+    acc, m_i, l_i = lax.fori_loop(first, last, body, (acc, m_i, l_i))
+    acc_ref[row, head, split, queries, :] = acc
+    m_ref[row, head, split, queries] = m_i
+    l_ref[row, head, split, queries] = l_i
+
+
+@functools.partial(jax.jit, static_argnames=("layer", "num_new", "pages_per_block",
+                                             "interpret"))
+def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, num_new: int,
+                     pages_per_block: int = 8, interpret: bool = False):
+    """Online-softmax partials of each new query over the cached keys up to its own position,
+    split at fixed absolute positions: the exact mode's attention.
+
+    The caller writes the T new tokens' keys and values into the pages first, so every key a
+    query sees comes from the cache and a query's work depends only on its position: the same
+    in a plain step, a verify step or a prompt chunk. Splits cover `split_keys(P * S)` keys
+    each (fixed by the table's width), blocks `pages_per_block` pages; merge the splits with
+    `jaxspec.device.attention.merge_splits`.
+
+    Args:
+      q: f32[B, Hkv, Q, D] queries grouped by KV head, row `r = g * T + t` being new token t
+        (at position `lengths[b] + t`), scaled by `D ** -0.5`.
+      k_pages, v_pages: [L, N, S, Hkv, D] every layer's pages, f32 or bf16, holding the new
+        tokens too.
+      page_table: i32[B, P]; lengths: i32[B] tokens cached before the new ones.
+      layer: static layer index.
+      num_new: static T, new tokens per row.
+      pages_per_block: static, pages loaded per loop iteration.
+      interpret: run the kernel in the Pallas interpreter.
+
+    Returns:
+      `(acc f32[B, Hkv, splits, Q, D], m f32[B, Hkv, splits, Q], l f32[B, Hkv, splits, Q])`
+      per split; a split without a visible key gives `(0, MASK_VALUE, 0)`.
+
+    Raises:
+      ValueError / NotImplementedError: as `cached_attention`.
+    """
+    # Queries run in tiles, so any number of them fits.
+    static_validate(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                    pages_per_block=pages_per_block, max_query_rows=None)
+    rows, kv_heads, num_queries, head_dim = q.shape
+    if num_queries % num_new:
+        raise ValueError(f"{num_queries} query rows are not G x {num_new} new tokens")
+    page_size = k_pages.shape[2]
+    block_k = page_size * pages_per_block
+    table_keys = page_table.shape[1] * page_size
+    per_split = max(1, split_keys(table_keys) // block_k)
+    num_splits = max(1, pl.cdiv(pl.cdiv(table_keys, block_k), per_split))
+    padded = pl.cdiv(num_queries, QUERY_TILE) * QUERY_TILE
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, padded - num_queries), (0, 0)))
+    partial_shape = (rows, kv_heads, num_splits, padded)
+    kernel = functools.partial(_causal_attention_kernel, pages_per_block=pages_per_block,
+                               blocks_per_split=per_split, num_new=num_new,
+                               num_queries=num_queries)
+    acc, m, l = pl.pallas_call(
+        kernel,
+        grid=(rows, kv_heads, padded // QUERY_TILE, num_splits),
+        out_shape=[jax.ShapeDtypeStruct((*partial_shape, head_dim), jnp.float32),   # acc
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32),                # m
+                   jax.ShapeDtypeStruct(partial_shape, jnp.float32)],               # l
+        compiler_params=plgpu.CompilerParams(
+            num_warps=LAUNCH[jnp.dtype(k_pages.dtype).name][0],
+            num_stages=LAUNCH[jnp.dtype(k_pages.dtype).name][1]),
+        interpret=interpret,
+        name=f"causal_attention_{pages_per_block=}_{per_split=}",
+    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths)
+    return tuple(x[:, :, :, :num_queries] for x in (acc, m, l))

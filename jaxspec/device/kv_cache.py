@@ -76,6 +76,8 @@ class CacheView:
         kernel on GPU, the XLA loop elsewhere; `jaxspec.device.ops`).
       mesh: static, the device mesh the pages are sharded over, or None
         (`jaxspec.device.sharding`).
+      numerics: static, "fast" (XLA's own choices) or "exact" (every row computed the same way
+        whatever the number of rows in the call: `jaxspec.device.exact`).
     """
 
     page_table: jax.Array
@@ -83,6 +85,7 @@ class CacheView:
     num_new: jax.Array
     implementation: str | None = flax.struct.field(pytree_node=False, default=None)
     mesh: Any = flax.struct.field(pytree_node=False, default=None)
+    numerics: str = flax.struct.field(pytree_node=False, default="fast")
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
@@ -136,3 +139,19 @@ def write(kv: KVPages, new_k: jax.Array, new_v: jax.Array, view: CacheView) -> K
     page, offset = write_slots(view, new_k.shape[2], kv.page_size)
     return KVPages(k=kv.k.at[:, page, offset].set(new_k.astype(kv.k.dtype)),
                    v=kv.v.at[:, page, offset].set(new_v.astype(kv.v.dtype)))
+
+
+def write_layer(kv: KVPages, layer: int, new_k: jax.Array, new_v: jax.Array,
+                view: CacheView) -> KVPages:
+    """Writes one layer's new K/V at each row's current length (exact mode writes each layer
+    before its attention reads them).
+
+    Args:
+      kv: the pages.
+      layer: static layer index.
+      new_k, new_v: [B, T, H, D] keys/values of the T new tokens.
+      view: rows' page tables, lengths and valid counts.
+    """
+    page, offset = write_slots(view, new_k.shape[1], kv.page_size)
+    return KVPages(k=kv.k.at[layer, page, offset].set(new_k.astype(kv.k.dtype)),
+                   v=kv.v.at[layer, page, offset].set(new_v.astype(kv.v.dtype)))

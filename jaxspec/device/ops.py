@@ -20,7 +20,9 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.device import attention
+from jaxspec.device import causal_attention as causal_lib
 from jaxspec.device import kv_cache
+from jaxspec.device import linear as linear_lib
 from jaxspec.device import sa_global
 from jaxspec.device import sa_state
 from jaxspec.device import sharding
@@ -125,3 +127,44 @@ def paged_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,
     cached = functools.partial(cached_attention, implementation=view.implementation,
                                mesh=view.mesh)
     return attention.paged_attention(q, k_new, v_new, kv, layer, view, cached=cached)
+
+
+def linear(x, w, norm_weight=None, residual=None, *, eps: float = 1e-5,
+           transpose_w: bool = False, out_dtype=None,
+           implementation: Implementation | None = None):
+    """The row-invariant `[residual +] rmsnorm(x) * norm_weight @ w`
+    (`jaxspec.device.linear.linear_reference`) by the chosen implementation.
+
+    Returns:
+      [M, N] in `out_dtype` (None: x's).
+    """
+    return _dispatch(implementation, ("linear", "linear"), linear_lib.linear_reference, x, w,
+                     norm_weight, residual, eps=eps, transpose_w=transpose_w,
+                     out_dtype=out_dtype)
+
+
+def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, num_new: int,
+                     implementation: Implementation | None = None):
+    """Exact mode's attention partials (`jaxspec.device.causal_attention.causal_attention`) by
+    the chosen implementation.
+
+    Returns:
+      `(acc f32[B, Hkv, S, Q, D], m f32[B, Hkv, S, Q], l f32[B, Hkv, S, Q])`, S splits.
+    """
+    return _dispatch(implementation, ("paged_attention", "causal_attention"),
+                     causal_lib.causal_attention, q, k_pages, v_pages, page_table, lengths,
+                     layer=layer, num_new=num_new)
+
+
+def exact_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,
+                    view: kv_cache.CacheView):
+    """`jaxspec.device.causal_attention.exact_attention` with the partials by
+    `view.implementation`: what a model calls in exact mode.
+
+    Raises:
+      ValueError: a view on a mesh (exact mode runs on one device).
+    """
+    if view.mesh is not None:
+        raise ValueError("numerics='exact' runs on one device: drop the mesh or use 'fast'")
+    partials = functools.partial(causal_attention, implementation=view.implementation)
+    return causal_lib.exact_attention(q, k_new, v_new, kv, layer, view, partials=partials)
