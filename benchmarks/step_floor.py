@@ -3,13 +3,14 @@ cached attention, each beside a streaming read of the same bytes, and the steps 
 
 A verify step of width K runs every projection on 1 + K rows per request and attends for 1 + K
 tokens. A plain step (1 row) only has to read the weights once, and so would a verify step of a few
-rows if the matmul read each weight once. The first table times the seven projections of every
-layer of the embedded model (attention and norms left out, the model's own weights) on 1 to 17
-rows, beside a reduction that reads every weight once. The second times, at several contexts, the
-real jitted step (plain and K = 5, `jaxspec.host.profile`) and `attention.cached_attention` (the
-XLA path every CPU step runs) over every layer for 1 and 1 + K tokens, beside a reduction over the
-same live K and V slots. The verify step's extra time over the plain step is then split into what
-the projections on 1 + K rows and the cached attention for 1 + K tokens add.
+rows if the matmul read each weight once. The first table times the projections of every layer
+of the embedded model (its four matmuls: fused q/k/v, o, fused gate/up, down; attention and norms
+left out, the model's own weights) on 1 to 17 rows, beside a reduction that reads every weight
+once. The second times, at several contexts, the real jitted step (plain and K = 5,
+`jaxspec.host.profile`) and `attention.cached_attention` (the XLA path every CPU step runs) over
+every layer for 1 and 1 + K tokens, beside a reduction over the same live K and V slots. The
+verify step's extra time over the plain step is then split into what the projections on 1 + K
+rows and the cached attention for 1 + K tokens add.
 """
 
 import argparse
@@ -28,7 +29,7 @@ ROWS = (1, 2, 3, 6, 9, 17)
 CONTEXTS = (1024, 4096, 8000)
 VERIFY_K = 5
 PAGE_SIZE = 16
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # Keeps the chained residual stream finite over every layer (its values do not change the time).
 RESIDUAL_SCALE = 1e-3
 
@@ -47,10 +48,13 @@ def _median_seconds(fn, *args, repeats: int) -> float:
 def projections(kernels, x):
     """Every layer's projections on x f32[R, D], chained as a decoder layer chains them."""
     keys = jnp.zeros((), x.dtype)
-    for q, k, v, o, gate, up, down in kernels:
-        keys = keys + jnp.sum(x @ k) + jnp.sum(x @ v)
-        x = x + RESIDUAL_SCALE * ((x @ q) @ o)
-        x = x + RESIDUAL_SCALE * ((jax.nn.silu(x @ gate) * (x @ up)) @ down)
+    for qkv, o, gate_up, down in kernels:
+        groups = qkv.shape[2] - 2
+        qkv_x = jnp.tensordot(x, qkv, axes=1)                     # [R, Hkv, G + 2, hd]
+        keys = keys + jnp.sum(qkv_x[:, :, groups:])
+        x = x + RESIDUAL_SCALE * (qkv_x[:, :, :groups].reshape(len(x), -1) @ o)
+        gate_up_x = jnp.tensordot(x, gate_up, axes=1)             # [R, 2, I]
+        x = x + RESIDUAL_SCALE * ((jax.nn.silu(gate_up_x[:, 0]) * gate_up_x[:, 1]) @ down)
     return x, keys
 
 
@@ -135,12 +139,12 @@ def markdown(results: dict, repeats: int) -> str:
     lines = [
         "## Step floor: projections on a few rows, cached attention, and the steps they make up",
         "",
-        f"{results['model']}, batch 1: every layer's seven projections ({gb:.2f} GB of weights) "
-        f"on R rows (the rows of a verify step of K = R - 1); the jitted step, plain and K={k}; "
-        "`cached_attention` (XLA, the CPU path) over every layer for 1 and 1 + K tokens; each "
-        f"kernel beside a reduction that reads the same bytes once. Medians of {repeats} calls "
-        "after a compiling one. Each kernel's cost for 1 + K instead of 1 is part of what a "
-        "verify step adds to a plain step.",
+        f"{results['model']}, batch 1: every layer's projections (fused q/k/v, o, fused "
+        f"gate/up, down: {gb:.2f} GB of weights) on R rows (the rows of a verify step of "
+        f"K = R - 1); the jitted step, plain and K={k}; `cached_attention` (XLA, the CPU path) "
+        "over every layer for 1 and 1 + K tokens; each kernel beside a reduction that reads the "
+        f"same bytes once. Medians of {repeats} calls after a compiling one. Each kernel's cost "
+        "for 1 + K instead of 1 is part of what a verify step adds to a plain step.",
         "",
         "| rows R | projections ms | weights read GB/s | vs 1 row |",
         "| ---: | ---: | ---: | ---: |",

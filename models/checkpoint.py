@@ -1,22 +1,52 @@
 """Builds a `LlamaForCausalLM` from host arrays, without paying for random initialization.
 
-Both loaders reduce a checkpoint to one dict in a canonical layout (linear kernels [in, out],
-decoder weights stacked on a leading layer axis, which is also how the GGUF weight cache stores
-them); `build_model` splits the stacks into the model's per-layer parameters
-(`layers.<i>.q_proj.kernel`, ...) and `flat_params` stacks them back:
+Both loaders reduce a checkpoint to one dict in a canonical layout: every projection on its own,
+as checkpoints store them, linear kernels [in, out], decoder weights stacked on a leading layer
+axis (which is also how the GGUF weight cache stores them):
 
     embed.embedding            [V, D]
-    layers.q_proj.kernel       [L, D, Hq * hd]      (likewise k_proj, v_proj, o_proj,
-    layers.input_norm.weight   [L, D]                gate_proj, up_proj, down_proj, post_norm)
-    norm.weight                [D]
+    layers.q_proj.kernel       [L, D, Hq * hd]      (k_proj and v_proj [L, D, Hkv * hd]; likewise
+    layers.input_norm.weight   [L, D]                o_proj, gate_proj, up_proj, down_proj,
+    norm.weight                [D]                   post_norm)
     lm_head.kernel             [D, V]               (only when embeddings are untied)
+
+`build_model` splits the stacks into the model's per-layer parameters and fuses q, k, v into
+`qkv_proj` and gate, up into `gate_up_proj` (`llama.DecoderLayer` gives the layout);
+`flat_params` is its inverse.
 """
+
+import functools
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import llama
+
+# The model's fused projections and the canonical ones each is made of, in order.
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _fuse(module: str, parts: list[np.ndarray], cfg: llama.LlamaConfig) -> np.ndarray:
+    """`_FUSED[module]`'s kernels [..., D, out] -> the model's fused kernel."""
+    if module == "gate_up_proj":
+        return np.stack(parts, axis=-2)                                   # [..., D, 2, I]
+    # q [..., D, Hq * hd] -> [..., D, Hkv, G, hd] (query head j = kv * G + g), k and v
+    # [..., D, Hkv * hd] -> [..., D, Hkv, 1, hd], side by side on the third axis from the end.
+    shape = (cfg.num_kv_heads, -1, cfg.resolved_head_dim)
+    return np.concatenate([p.reshape(p.shape[:-1] + shape) for p in parts], axis=-2)
+
+
+def _split(module: str, fused, cfg: llama.LlamaConfig) -> list:
+    """The inverse of `_fuse` (on numpy arrays, or abstractly under `jax.eval_shape`)."""
+    if module == "gate_up_proj":
+        return [fused[..., 0, :], fused[..., 1, :]]
+    groups = cfg.num_heads // cfg.num_kv_heads
+    lead = fused.shape[:-3]
+    return [p.reshape(lead + (-1,)) for p in (fused[..., :groups, :],
+                                              fused[..., groups:groups + 1, :],
+                                              fused[..., groups + 1:, :])]
 
 
 def _model_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -27,11 +57,17 @@ def _model_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _canonical_name(path: str) -> tuple[str, int | None]:
-    """`layers.3.q_proj.kernel` -> (`layers.q_proj.kernel`, 3); other paths -> (path, None)."""
+    """`layers.3.o_proj.kernel` -> (`layers.o_proj.kernel`, 3); other paths -> (path, None)."""
     parts = path.split(".")
     if parts[0] == "layers":
         return ".".join([parts[0]] + parts[2:]), int(parts[1])
     return path, None
+
+
+def _fused_module(name: str) -> str | None:
+    """`layers.qkv_proj.kernel` -> `qkv_proj`; None for a parameter that is not fused."""
+    module = name.split(".")[-2] if name.startswith("layers.") else None
+    return module if module in _FUSED else None
 
 
 def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -39,7 +75,15 @@ def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for path, shape in _model_shapes(cfg).items():
         name, layer = _canonical_name(path)
-        shapes[name] = shape if layer is None else (cfg.num_layers,) + shape
+        shape = shape if layer is None else (cfg.num_layers,) + shape
+        module = _fused_module(name)
+        if module is None:
+            shapes[name] = shape
+            continue
+        parts = jax.eval_shape(functools.partial(_split, module, cfg=cfg),
+                               jax.ShapeDtypeStruct(shape, jnp.float32))
+        for part, value in zip(_FUSED[module], parts, strict=True):
+            shapes[f"layers.{part}.kernel"] = value.shape
     return shapes
 
 
@@ -66,7 +110,12 @@ def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray],
 
     def value(path):
         name, layer = _canonical_name(".".join(map(str, path)))
-        array = params[name] if layer is None else params[name][layer]
+        module = _fused_module(name)
+        if module is not None:
+            array = _fuse(module, [params[f"layers.{part}.kernel"][layer]
+                                   for part in _FUSED[module]], cfg)
+        else:
+            array = params[name] if layer is None else params[name][layer]
         return jax.device_put(np.asarray(array, np.float32).astype(dtype))
 
     flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(state)]
@@ -85,5 +134,12 @@ def flat_params(model: llama.LlamaForCausalLM) -> dict[str, np.ndarray]:
         else:
             per_layer.setdefault(name, {})[layer] = np.asarray(var[...])
     for name, layers in per_layer.items():
-        out[name] = np.stack([layers[i] for i in range(len(layers))])
+        stacked = np.stack([layers[i] for i in range(len(layers))])
+        module = _fused_module(name)
+        if module is None:
+            out[name] = stacked
+        else:
+            parts = _split(module, stacked, model.cfg)
+            out.update({f"layers.{part}.kernel": np.ascontiguousarray(value)
+                        for part, value in zip(_FUSED[module], parts, strict=True)})
     return out

@@ -61,7 +61,7 @@ _PRE_TOKENIZERS = {"smollm": _digits_then_gpt2, "starcoder": _digits_then_gpt2}
 _END_OF_GENERATION = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>",
                       "<end_of_turn>", "<|end|>")
 
-# Per-layer GGUF tensor name -> the stacked model's module name.
+# Per-layer GGUF tensor name -> its module in the canonical stacked layout (`checkpoint.py`).
 _LAYER_LINEARS = {
     "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
     "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
@@ -214,7 +214,7 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def params_from_gguf(reader: GGUFReader, cfg: llama.LlamaConfig, path: pathlib.Path
                      ) -> dict[str, np.ndarray]:
-    """Dequantized float32 parameters in the model's layout (see `checkpoint.py`)."""
+    """Dequantized float32 parameters in the canonical layout (see `checkpoint.py`)."""
     tensors = {t.name: t for t in reader.tensors}
 
     def get(name: str) -> np.ndarray:

@@ -34,7 +34,7 @@ _REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
 _SUPPORTED_VALUES = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
                      "sliding_window": None, "partial_rotary_factor": 1.0, "rope_type": "default"}
 
-# HF per-layer tensor name (after `model.layers.<i>.`) -> the stacked model's parameter path.
+# HF per-layer tensor name (after `model.layers.<i>.`) -> its canonical path (`checkpoint.py`).
 _LAYER_TENSORS = {
     "self_attn.q_proj.weight": "layers.q_proj.kernel",
     "self_attn.k_proj.weight": "layers.k_proj.kernel",
@@ -123,7 +123,7 @@ def config_from_hf(config: dict, path: pathlib.Path) -> llama.LlamaConfig:
 
 def params_from_hf(tensors: dict[str, np.ndarray], cfg: llama.LlamaConfig, path: pathlib.Path
                    ) -> dict[str, np.ndarray]:
-    """HF tensors ([out, in] linears) -> float32 parameters in the model's layout."""
+    """HF tensors ([out, in] linears) -> float32 parameters in the canonical layout."""
     used = set()
 
     def get(name: str) -> np.ndarray:

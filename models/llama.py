@@ -93,19 +93,31 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 class DecoderLayer(nnx.Module):
-    """Pre-norm attention + SwiGLU MLP. Weights are [in, out] (`nnx.Linear` kernels)."""
+    """Pre-norm attention + SwiGLU MLP. Weights are [in, *out] (`nnx.LinearGeneral` kernels).
+
+    The projections that read the same input are fused, one weight and one matmul each where
+    separate ones would be three (q, k, v) and two (gate, up): on a few rows XLA:GPU launches one
+    or two kernels per matmul whatever its width, so fusing cuts the launches of a decode step.
+
+        qkv_proj.kernel      [D, Hkv, G + 2, hd]   per KV head: its G = Hq / Hkv query heads,
+                                                   then its key, then its value
+        gate_up_proj.kernel  [D, 2, I]             gate = [:, 0], up = [:, 1]
+
+    Query head j = kv * G + g sits at [:, kv, g] and reads KV head kv = j // G, as with separate
+    q, k and v. Grouping by KV head keeps tensor parallelism a split of one axis: Hkv over the
+    model axis gives each device its KV heads with the query heads that read them, the same heads
+    that splitting separate q, k and v by output features gives it.
+    """
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.resolved_head_dim
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, rngs=rngs)  # noqa: E731
+        groups = cfg.num_heads // cfg.num_kv_heads
+        linear = lambda i, o: nnx.LinearGeneral(i, o, use_bias=False, rngs=rngs)  # noqa: E731
         self.input_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.q_proj = linear(d, cfg.num_heads * hd)
-        self.k_proj = linear(d, cfg.num_kv_heads * hd)
-        self.v_proj = linear(d, cfg.num_kv_heads * hd)
+        self.qkv_proj = linear(d, (cfg.num_kv_heads, groups + 2, hd))
         self.o_proj = linear(cfg.num_heads * hd, d)
         self.post_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.gate_proj = linear(d, cfg.intermediate_size)
-        self.up_proj = linear(d, cfg.intermediate_size)
+        self.gate_up_proj = linear(d, (2, cfg.intermediate_size))
         self.down_proj = linear(cfg.intermediate_size, d)
         self.cfg = cfg
 
@@ -113,16 +125,46 @@ class DecoderLayer(nnx.Module):
         """x f32[B, T, D] -> (x, k_new f32[B, T, Hkv, hd], v_new); `layer` indexes the cache."""
         cfg = self.cfg
         b, t, _ = x.shape
-        hd = cfg.resolved_head_dim
-        h = self.input_norm(x)
-        q = rope(self.q_proj(h).reshape(b, t, cfg.num_heads, hd), positions, cfg.rope_theta)
-        k = rope(self.k_proj(h).reshape(b, t, cfg.num_kv_heads, hd), positions, cfg.rope_theta)
-        v = self.v_proj(h).reshape(b, t, cfg.num_kv_heads, hd)
+        hd, groups = cfg.resolved_head_dim, cfg.num_heads // cfg.num_kv_heads
+        qkv = self.qkv_proj(self.input_norm(x))                         # [B, T, Hkv, G + 2, hd]
+        q = rope(qkv[:, :, :, :groups].reshape(b, t, cfg.num_heads, hd), positions,
+                 cfg.rope_theta)
+        k = rope(qkv[:, :, :, groups], positions, cfg.rope_theta)
+        v = qkv[:, :, :, groups + 1]
         a = ops.paged_attention(q, k, v, kv, layer, view)
         x = x + self.o_proj(a.reshape(b, t, cfg.num_heads * hd))
-        h = self.post_norm(x)
-        x = x + self.down_proj(jax.nn.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate_up = self.gate_up_proj(self.post_norm(x))                  # [B, T, 2, I]
+        x = x + self.down_proj(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1])
         return x, k, v
+
+    def exact(self, x, positions, kv: kv_cache.KVPages, layer: int, view):
+        """`numerics="exact"`: x [B, T, D] -> (x, kv with this layer's new slots written).
+
+        The same layer, with every reduction row-invariant: the norms inside the row-invariant
+        linear layers that follow them (`jaxspec.device.linear`), the residual adds in them, and
+        attention over the cache with the new keys written first (`jaxspec.device.
+        causal_attention`); what remains is elementwise.
+        """
+        cfg = self.cfg
+        b, t, d = x.shape
+        hd, groups = cfg.resolved_head_dim, cfg.num_heads // cfg.num_kv_heads
+        impl, eps = view.implementation, cfg.rms_norm_eps
+        rows = x.reshape(b * t, d)
+        qkv = ops.linear(rows, self.qkv_proj.kernel[...].reshape(d, -1),
+                         self.input_norm.weight[...], eps=eps, implementation=impl)
+        qkv = qkv.reshape(b, t, cfg.num_kv_heads, groups + 2, hd)
+        q = rope(qkv[:, :, :, :groups].reshape(b, t, cfg.num_heads, hd), positions,
+                 cfg.rope_theta)
+        k = rope(qkv[:, :, :, groups], positions, cfg.rope_theta)
+        a, kv = ops.exact_attention(q, k, qkv[:, :, :, groups + 1], kv, layer, view)
+        rows = ops.linear(a.reshape(b * t, -1), self.o_proj.kernel[...], residual=rows,
+                          implementation=impl)
+        gate_up = ops.linear(rows, self.gate_up_proj.kernel[...].reshape(d, -1),
+                             self.post_norm.weight[...], eps=eps, implementation=impl)
+        gate_up = gate_up.reshape(b * t, 2, -1)
+        rows = ops.linear(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1],
+                          self.down_proj.kernel[...], residual=rows, implementation=impl)
+        return rows.reshape(b, t, d), kv
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -156,11 +198,19 @@ class LlamaForCausalLM(nnx.Module):
     def __call__(self, tokens, kv: kv_cache.KVPages, view: kv_cache.CacheView):
         t = tokens.shape[1]
         positions = view.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-        # nnx.Embed returns float32 whatever its table holds: the residual stream is the weights'.
-        x = self.embed(tokens).astype(self.dtype)
+        # Rows gathered in the table's dtype: calling nnx.Embed would cast the whole table to
+        # float32 first (it returns float32 whatever the table holds).
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0)
+        if view.numerics == "exact":
+            # Each layer writes its own slots; the final norm runs inside `logits`.
+            for i, layer in enumerate(self.layers):
+                with jax.named_scope(f"layer{i}"):
+                    x, kv = layer.exact(x, positions, kv, i, view)
+            return x, kv
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, positions, kv, i, view)
+            with jax.named_scope(f"layer{i}"):     # names each layer's ops (benchmarks.census)
+                x, k, v = layer(x, positions, kv, i, view)
             new_k.append(k)
             new_v.append(v)
         x = self.norm(x)
@@ -173,16 +223,16 @@ class LlamaForCausalLM(nnx.Module):
 
     def param_specs(self, axis: str, size: int):
         """PartitionSpecs of `nnx.split(self)[1]`, Megatron-style over mesh axis `axis` of `size`
-        devices: q, k, v, gate and up projections by output features, o and down projections by
-        input features, the embedding (the tied LM head) and an untied LM head by vocabulary when
-        `size` divides it, norms replicated."""
-        split_in, split_out = P(axis, None), P(None, axis)
-        rules = {"q_proj": split_out, "k_proj": split_out, "v_proj": split_out,
-                 "gate_proj": split_out, "up_proj": split_out, "o_proj": split_in,
-                 "down_proj": split_in}
+        devices: the fused qkv projection by KV heads (each with its query heads, see
+        `DecoderLayer`), gate/up by FFN hidden units, o and down projections by input features,
+        the embedding (the tied LM head) and an untied LM head by vocabulary when `size` divides
+        it, norms replicated."""
+        split_in = P(axis, None)
+        rules = {"qkv_proj": P(None, axis, None, None), "gate_up_proj": P(None, None, axis),
+                 "o_proj": split_in, "down_proj": split_in}
         vocab = self.cfg.vocab_size % size == 0
         rules["embed"] = split_in if vocab else P()
-        rules["lm_head"] = split_out if vocab else P()
+        rules["lm_head"] = P(None, axis) if vocab else P()
         state = nnx.state(self)
         return nnx.from_flat_state([(path, rules.get(path[-2], P()))
                                     for path, _ in nnx.to_flat_state(state)])
@@ -202,23 +252,35 @@ class LlamaForCausalLM(nnx.Module):
                              f"for {cfg.num_heads} query heads")
         copies = num_kv_heads // cfg.num_kv_heads
         new_cfg = dataclasses.replace(cfg, num_kv_heads=num_kv_heads)
-        hd = cfg.resolved_head_dim
+        groups = cfg.num_heads // cfg.num_kv_heads
         graphdef, abstract = nnx.split(nnx.eval_shape(
             lambda: LlamaForCausalLM(new_cfg, rngs=nnx.Rngs(0))))
         old = dict(nnx.to_flat_state(nnx.state(self)))
 
         def value(path):
             x = old[path].get_value()
-            if path[-2] in ("k_proj", "v_proj"):
-                d = x.shape[0]
-                x = jnp.repeat(x.reshape(d, cfg.num_kv_heads, hd), copies, axis=1)
-                x = x.reshape(d, num_kv_heads * hd)
+            if path[-2] == "qkv_proj":
+                # Query heads [kv, c * G' + g] move to [kv * copies + c, g]: j // G' is their
+                # new KV head, a copy of kv's key and value.
+                d, _, _, hd = x.shape
+                q = x[:, :, :groups].reshape(d, num_kv_heads, groups // copies, hd)
+                x = jnp.concatenate([q, jnp.repeat(x[:, :, groups:], copies, axis=1)], axis=2)
             return x
         flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(abstract)]
         return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
-    def logits(self, hidden):
-        """float32 logits, whatever the weights' dtype (accumulated in float32)."""
+    def logits(self, hidden, view: kv_cache.CacheView | None = None):
+        """float32 logits, whatever the weights' dtype (accumulated in float32). With an exact
+        view, `hidden` is the last layer's output before the final norm, which runs here, in the
+        row-invariant linear layer of the LM head."""
+        if view is not None and view.numerics == "exact":
+            rows = hidden.reshape(-1, hidden.shape[-1])
+            tied = self.lm_head is None
+            w = self.embed.embedding[...] if tied else self.lm_head.kernel[...]
+            out = ops.linear(rows, w, self.norm.weight[...], eps=self.cfg.rms_norm_eps,
+                             transpose_w=tied, out_dtype=jnp.float32,
+                             implementation=view.implementation)
+            return out.reshape(*hidden.shape[:-1], -1)
         if self.lm_head is not None:
             return jnp.dot(hidden, self.lm_head.kernel[...], preferred_element_type=jnp.float32)
         table = self.embed.embedding[...]                                        # [V, D]

@@ -33,6 +33,10 @@ class CausalLM(Protocol):
     `__call__` runs T new tokens per row at positions `view.lengths[b] + t` and returns hidden
     states; `logits` maps hidden states to float32 vocabulary logits. They are separate so a
     caller can compute logits only where it needs them (the last prompt position in prefill).
+    With `view.numerics == "exact"` every row must be computed the same way whatever the number
+    of rows in the call (`jaxspec.device.linear`, `jaxspec.device.causal_attention`); the caller
+    passes the same view to `logits`, so the hidden states in between may be the model's own
+    (llama's are the last layer's output, before its final norm).
 
     To run over a device mesh (`jaxspec.device.sharding`) a model also has
     `param_specs(axis, size)`: the PartitionSpec of every parameter for a model axis of `size`
@@ -48,6 +52,6 @@ class CausalLM(Protocol):
         """tokens i32[B, T] -> (hidden f32[B, T, D], kv with the valid new tokens written)."""
         ...
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """[..., D] -> f32[..., vocab_size]."""
+    def logits(self, hidden: jax.Array, view: kv_cache.CacheView | None = None) -> jax.Array:
+        """[..., D] -> f32[..., vocab_size]; `view` as given to `__call__` (its numerics)."""
         ...

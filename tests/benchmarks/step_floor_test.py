@@ -8,7 +8,7 @@ def test_measures_and_reports_on_the_tiny_model(tiny_lm):
     att = step_floor.measure_attention(tiny_lm.cache_spec, contexts=(40,), k=2, repeats=1)
     steps = step_floor.measure_steps(tiny_lm, contexts=(40,), k=2, repeats=1)
     kernels = step_floor.layer_kernels(tiny_lm)
-    assert len(kernels) == tiny_lm.cfg.num_layers and all(len(k) == 7 for k in kernels)
+    assert len(kernels) == tiny_lm.cfg.num_layers and all(len(k) == 4 for k in kernels)
     assert proj["bytes"] == 4 * sum(w.size for layer in kernels for w in layer)
     assert set(proj["seconds"]) == {1, 3} and proj["read_s"] > 0
     [row] = att["rows"]
