@@ -23,6 +23,12 @@ differing position p with
 
 The report also gives the rounding noise actually observed: the largest difference between the two
 runs' top-1 logits at positions before the divergence, where both decoded the same prefix.
+
+Then the teacher-forced comparison (`benchmarks.teacher_forced`), on the tiny model and on the
+benchmark's model in each dtype: every generated position computed by a plain step and by a
+verify step over plain's own tokens, so the inputs never part. It counts the positions whose
+logits are not bitwise equal, the largest |difference| (per row of the verify window too), and
+the argmax flips, each judged like a divergence (its plain margin against the tolerance).
 """
 
 import argparse
@@ -36,6 +42,7 @@ import jax.numpy as jnp
 from benchmarks import chat_prompts
 from benchmarks import report
 from benchmarks import runs
+from benchmarks import teacher_forced
 from benchmarks import workloads
 from jaxspec import engine as engine_lib
 
@@ -139,8 +146,57 @@ def _report(plain_result, spec_result, *, method: str, dtype: str) -> dict:
             "bugs": sum(d["verdict"] == "bug" for d in diverged), "rows": rows}
 
 
-def markdown(workload: str, reports: list[dict]) -> str:
-    """The summary table, then one line per divergence."""
+def teacher_forced_reports(model, prompts, *, dtypes, k: int, max_new_tokens: int,
+                           model_name: str = "SmolLM2-135M", tiny_prompts: int = 4
+                           ) -> list[dict]:
+    """`teacher_forced.teacher_forced` in each dtype on the tiny model over `tiny_prompts` random
+    prompts, then on `model` over `prompts`: [{model, ...report}], each flip judged like a
+    divergence (verdict and tolerance), each report's totals with its bugs."""
+    from jaxspec.models import precision
+    from jaxspec.models import tiny
+
+    small = tiny.tiny_model(seed=0)
+    runs_ = [("tiny", small, teacher_forced.random_prompts(small.vocab_size,
+                                                           [9, 13, 7, 11][:tiny_prompts])),
+             (model_name, model, prompts)]
+    out = []
+    for name, m, ps in runs_:
+        for dtype in dtypes:
+            report = teacher_forced.teacher_forced(precision.cast(m, dtype), ps, k=k,
+                                                   max_new_tokens=max_new_tokens)
+            for row in report["prompts"]:
+                for flip in row["flips"]:
+                    flip["tolerance"] = tolerance(dtype, flip["plain_top"])
+                    flip["verdict"] = ("numerics tie" if flip["plain_margin"] <= flip["tolerance"]
+                                       else "bug")
+            report["totals"]["bugs"] = sum(f["verdict"] == "bug" for r in report["prompts"]
+                                           for f in r["flips"])
+            out.append(dict(model=name, **report))
+    return out
+
+
+def teacher_forced_markdown(reports: list[dict]) -> list[str]:
+    """The teacher-forced table, then one line per argmax flip."""
+    lines = ["", "Teacher-forced: each generated position computed by a plain step (K=0) and by a "
+             "verify step over plain's own tokens (identical inputs), float32 logits compared.", "",
+             *teacher_forced.MARKDOWN_HEADER]
+    for r in reports:
+        lines += teacher_forced.markdown_rows(r["model"], [r])
+    flips = [(r, i, f) for r in reports for i, row in enumerate(r["prompts"])
+             for f in row["flips"]]
+    if flips:
+        lines += ["", "| model | dtype | prompt | position | verify step, row | plain margin "
+                  "| tolerance | verdict |",
+                  "| --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
+        for r, i, f in flips:
+            lines.append(f"| {r['model']} | {r['dtype']} | {i} | {f['position']} | "
+                         f"{f['window'][0]}, {f['window'][1]} | {f['plain_margin']:.4g} | "
+                         f"{f['tolerance']:.3g} | {f['verdict']} |")
+    return lines
+
+
+def markdown(workload: str, reports: list[dict], teacher: list[dict] = ()) -> str:
+    """The summary table, then one line per divergence, then the teacher-forced comparison."""
     lines = [f"## Greedy equivalence: `{workload}`", "",
              "| method | dtype | token-identical | median first divergence | numerics ties "
              "| bugs | plain tok/s | method tok/s |",
@@ -169,6 +225,8 @@ def markdown(workload: str, reports: list[dict]) -> str:
                   f"are within {TIE_ULPS} ulps of the dtype at the top logit's magnitude; "
                   f"'noise before' is the largest top-1 logit difference between the runs before "
                   f"the divergence."]
+    if teacher:
+        lines += teacher_forced_markdown(teacher)
     return "\n".join(lines)
 
 
@@ -200,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--teacher-forced-k", type=int, default=engine_lib.DEFAULT_DRAFT_LEN,
+                   help="drafts per verify step of the teacher-forced comparison (0: skip it)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--write", action="store_true", help="record the section in BENCHMARKS.md")
     return p
@@ -228,14 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     reports = [r for d in dtypes
                for r in compare(model, tokenizer, prompts, methods=methods, dtype=d,
                                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)]
-    text = markdown(args.workload, reports) + "\n\n" + runs.load_note(load_start,
-                                                                      runs.load_average())
+    teacher = [] if args.teacher_forced_k == 0 else teacher_forced_reports(
+        model, prompts, dtypes=dtypes, k=args.teacher_forced_k,
+        max_new_tokens=args.max_new_tokens)
+    text = markdown(args.workload, reports, teacher) + "\n\n" + runs.load_note(
+        load_start, runs.load_average())
     if args.json:
-        print(json.dumps({"workload": args.workload, "reports": reports}))
+        print(json.dumps({"workload": args.workload, "reports": reports,
+                          "teacher_forced": teacher}))
         argv = [a for a in argv if a != "--json"]
     report.publish(f"equivalence_{args.workload}", text, module="benchmarks.equivalence",
                    argv=argv, write=args.write, show=not args.json)
-    return 1 if any(r["bugs"] for r in reports) else 0
+    return 1 if any(r["bugs"] for r in reports) or any(
+        t["totals"]["bugs"] for t in teacher) else 0
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 
 Steps, each in its own process (a crash or a memory peak stays inside its step; jax settings do
 not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, the
-step floor (the kernels' cost on a few rows and at long context), jaxspec vs HF greedy, the
-harness on every workload, the batch sweep and the context sweep (128 to 8k tokens). Plots land
+step floor (the kernels' cost on a few rows and at long context), the GPU step's op census
+(lowered for CUDA, no GPU needed), jaxspec vs HF greedy, the harness on every workload, the batch
+sweep, the context sweep (128 to 8k tokens), greedy equivalence and the mesh. Plots land
 in benchmarks/plots/. The estimate is a cost model fitted on a 2-core machine (x86-64, JAX on
 CPU) that was quiet; on a machine shared with other work expect up to 2-3x longer. It is printed
 before the run, and each step's actual time next to it.
@@ -69,8 +70,11 @@ SPEC_SPEEDUP = 1.5              # typical decode speedup of the speculating meth
 COMPILE_S_PER_METHOD = 8.0
 LOAD_S = 20.0                   # SmolLM2 for jaxspec + transformers' GGUF load
 CONVERT_S = 9.0                 # jaxspec's first load of the GGUF: dequantize, write its cache
+# The equivalence step's teacher-forced comparison adds ~150 s (the tiny model and SmolLM2 in two
+# dtypes; SmolLM2 compiles a prefill, a plain and a verify step per dtype); the census lowers four
+# variants of 30 layers.
 FIXED_STEP_S = {"host_overhead": 15.0, "sa_overhead": 65.0, "step_floor": 45.0,  # measured, quiet
-                "mesh": 300.0, "equivalence": 240.0}                          # guessed
+                "mesh": 300.0, "equivalence": 390.0, "census": 60.0}          # guessed
 EQUIVALENCE_WORKLOADS = ("code_editing", "mtbench")
 LONG_CONTEXT_TOKENS = 1024
 LONG_CONTEXT_SLOPE = 3000.0
@@ -181,6 +185,7 @@ def plan(args) -> list[Step]:
         Step("sa_overhead", py + ("benchmarks.sa_overhead",) + no_write,
              FIXED_STEP_S["sa_overhead"]),
         Step("step_floor", py + ("benchmarks.step_floor",) + write, FIXED_STEP_S["step_floor"]),
+        Step("census", py + ("benchmarks.census",) + write, FIXED_STEP_S["census"]),
         Step("plain_vs_hf", py + ("benchmarks.plain_vs_hf", "--max-new-tokens",
                                   str(args.max_new_tokens), "--repeats", str(plain_repeats))
              + write, plain_vs_hf_estimate(args.max_new_tokens, plain_repeats)),

@@ -68,3 +68,32 @@ def test_dtype_speeds_line():
 def test_main_rejects_unknown_names():
     with pytest.raises(ValueError, match="unknown methods"):
         equivalence.main(["--methods", "sa,bogus"])
+
+
+def test_teacher_forced_reports_judge_every_flip(tiny_lm):
+    """The tiny model, then the benchmark's model (the tiny one again here), in each dtype; the
+    counts add up and any flip carries a verdict."""
+    prompts = random_prompts(5, [8, 12])
+    reports = equivalence.teacher_forced_reports(tiny_lm, prompts, dtypes=("float32",), k=2,
+                                                 max_new_tokens=6, model_name="tiny again",
+                                                 tiny_prompts=1)
+    assert [(r["model"], r["dtype"], r["totals"]["prompts"]) for r in reports] == [
+        ("tiny", "float32", 1), ("tiny again", "float32", 2)]
+    for r in reports:
+        assert r["totals"]["positions"] == 6 * r["totals"]["prompts"]
+        flips = [f for row in r["prompts"] for f in row["flips"]]
+        assert r["totals"]["bugs"] == sum(f["verdict"] == "bug" for f in flips)
+    text = equivalence.markdown("w", [], reports)
+    assert "| tiny again | float32 | fast | 2 | 12 |" in text
+
+
+def test_teacher_forced_flips_are_listed_with_verdicts():
+    flip = dict(position=3, window=[1, 0], plain_token=1, verify_token=2, plain_top=10.0,
+                plain_margin=1e-6, verify_margin=1e-6, tolerance=1e-5, verdict="numerics tie")
+    report = dict(model="m", dtype="float32", numerics="fast", k=2, prompts=[dict(flips=[flip])],
+                  totals=dict(positions=6, not_bitwise_equal=6, max_abs_diff=2e-6,
+                              max_abs_diff_by_window_index=[1e-6, 2e-6, 0.0], argmax_flips=1,
+                              min_flip_margin=1e-6, bugs=0))
+    text = equivalence.markdown("w", [], [report])
+    assert "| m | float32 | fast | 2 | 6 | 6 | 2e-06 | 1e-06 / 2e-06 / 0 | 1 | 1e-06 |" in text
+    assert "| m | float32 | 0 | 3 | 1, 0 | 1e-06 | 1e-05 | numerics tie |" in text
