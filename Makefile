@@ -47,7 +47,7 @@ bench: install-bench
 gpu-check: install
 	$(PY) -m benchmarks.gpu_check --out build/gpu_check $(GPU_CHECK_ARGS)
 
-# Prepares what travels to a device (wheels it lacks, into .whl/), checks the size and prints the
-# device tool's call.
+# Prepares what travels to a device (the wheels it lacks into .whl/, the model's two halves into
+# .model/), checks the sizes and prints the device tool's two calls (README, "GPU check").
 gpu-ship: install
 	$(PY) -m benchmarks.gpu_ship

@@ -4,14 +4,31 @@ lent GPU, writing what it measured as it goes.
     python -m benchmarks.gpu_check --out $OUT            # on the GPU (README, "GPU check")
     python -m benchmarks.gpu_check --cpu                 # tiny sizes, interpreted kernels, CPU
     python -m benchmarks.gpu_check --record RESULT.json  # a GPU result into BENCHMARKS.md
+    python -m benchmarks.gpu_check --record A.json B.json   # gpu_ship's two calls, merged
 
-Sections, in this order (`--sections` picks some): first what the step's speed depends on, then
-the kernels' proofs.
+Sections, in this order (`--sections` picks some): first what the step's speed depends on and
+what the real model does (jaxspec, then HF on the same GPU), then the step grid, then the kernels'
+proofs.
 
   profile    where a step's time goes (`benchmarks.step_profile`): for the plain and K=4 steps,
-             bfloat16 and float32, batch 1, the compiled executable's kernels, GEMMs, copies,
+             exact and fast numerics, bfloat16 and float32, batch 1, the compiled executable's
+             kernels, GEMMs, copies,
              while loops and command-buffer (CUDA graph) regions; the step's wall time synced
              and pipelined; a profiler trace's kernels and device-busy time per step.
+  engine     with `--gguf PATH`: plain vs SA tokens/s on code editing (`benchmarks.harness`);
+             on CPU without it, the tiny model on synthetic prompts. Without it on a GPU,
+             skipped: `benchmarks.gpu_ship` sends the embedded GGUF (94 MiB) in two calls.
+  divergence teacher-forced logits (`benchmarks.teacher_forced`): every position computed by a
+             plain step and by a verify step over plain's own tokens, compared bitwise, exact
+             and fast numerics, float32 and bfloat16; the GGUF's prompts with `--gguf`, else
+             SmolLM2's shapes with random weights. Fails if exact mode differs anywhere.
+  hf         HF transformers on the same model and prompts (`benchmarks.hf_baseline`), torch on
+             `cuda`, float32, batch 1: greedy and prompt lookup K=10 tokens/s, and whether
+             prompt lookup's output equals greedy's (the baseline a GPU user would pick). With
+             `--cpu`, on the CPU (the tiny model's weights in transformers' Llama without a GGUF).
+  step       the engine's jitted step on a SmolLM2-135M-shaped model with random weights (same
+             shapes, same cost), timed by `jaxspec.host.profile`: plain (K=0) and verify K,
+             bfloat16 and float32, Pallas and XLA attention, contexts 512 to 8k.
 
   kernels    the automaton kernels (extend + lookup, longest and fixed-M; the global search)
              against the XLA reference (`benchmarks.kernel_check`): batch 1 to 256, histories
@@ -20,11 +37,6 @@ the kernels' proofs.
              cached tokens, float32 and bfloat16 pages.
   sa_timing  the automaton's step for both implementations at batch 1, 8, 64, 256 and 1k, 8k,
              32k tokens of history (`benchmarks.sa_overhead.measure_steps`).
-  step       the engine's jitted step on a SmolLM2-135M-shaped model with random weights (same
-             shapes, same cost), timed by `jaxspec.host.profile`: plain (K=0) and verify K,
-             bfloat16 and float32, Pallas and XLA attention, contexts 512 to 8k.
-  engine     with `--gguf PATH`: plain vs SA tokens/s on code editing (`benchmarks.harness`).
-             Without it, skipped: the embedded GGUF (94 MiB) cannot travel to a device (64 MiB).
   mesh       the engine without a mesh and on a 1 x 1 mesh (the sharded code path) on this one
              device, plain and SA, bfloat16 SmolLM2 shapes: same tokens, step time of each.
 
@@ -35,8 +47,8 @@ Each (batch, K) of the step compiles the 30-layer model once (contexts reuse it)
 is chosen, not a full product: K = 0 and 4 for every dtype and attention at batch 1 and 64 first,
 then K = 1..8 at batch 1 (bfloat16, Pallas), then batch 8 and K = 8 at 64. A time budget
 (`--budget-s`) bounds the run: the step section stops before a key it has no time left for (the
-engine section's time kept back) and lists what it skipped; the other sections stop only when
-the whole budget is spent.
+engine section's time kept back if it comes later) and lists what it skipped; the other sections
+stop only when the whole budget is spent.
 
 Results go to `--out` (gpu_check.json and gpu_check.md, the table also printed), rewritten after
 every section and step key, so a run cut short still returns what it measured. The exit status is
@@ -62,10 +74,14 @@ import traceback
 
 from benchmarks import gpu_sections
 
-SECTIONS = ("profile", "engine", "step", "kernels", "attention", "sa_timing", "mesh")
+SECTIONS = ("profile", "engine", "divergence", "hf", "step", "kernels", "attention",
+            "sa_timing", "mesh")
+# The sections that use --gguf on a GPU: `benchmarks.gpu_ship` sends them in its second call.
+MODEL_SECTIONS = ("engine", "divergence", "hf")
 RESULT_JSON, RESULT_MD = "gpu_check.json", "gpu_check.md"
 BENCHMARKS_SECTION = "gpu_check"
-PACKAGES = ("jax", "jaxlib", "flax", "numpy", "numba", "tokenizers", "gguf", "triton")
+PACKAGES = ("jax", "jaxlib", "flax", "numpy", "numba", "tokenizers", "gguf", "triton", "torch",
+            "transformers")
 DEFAULT_BUDGET_S = {"gpu": 300.0, "cpu": 600.0}
 
 
@@ -95,8 +111,11 @@ class Sizes:
       step_grid: (dtype, attention implementation, batch, K) per step key, in order.
       contexts: cached tokens per row for every step key.
       step_repeats: timed steps per (key, context).
-      profile_keys: (dtype, batch, K) per profile key; profile_context: their cached tokens.
+      profile_keys: (numerics, dtype, batch, K) per profile key; profile_context: their cached
+        tokens.
       engine_batches, engine_prompts, max_new_tokens, engine_repeats: the engine section.
+      divergence_prompts, divergence_tokens, divergence_k, divergence_numerics: the divergence
+        section's prompts, positions per prompt, verify width and numerics compared.
     """
 
     batches: tuple[int, ...]
@@ -110,12 +129,16 @@ class Sizes:
     step_grid: tuple[tuple[str, str, int, int], ...]
     contexts: tuple[int, ...]
     step_repeats: int
-    profile_keys: tuple[tuple[str, int, int], ...]
+    profile_keys: tuple[tuple[str, str, int, int], ...]
     profile_context: int
     engine_batches: tuple[int, ...]
     engine_prompts: int
     max_new_tokens: int
     engine_repeats: int
+    divergence_prompts: int
+    divergence_tokens: int
+    divergence_k: int
+    divergence_numerics: tuple[str, ...] = ("exact", "fast")
 
     @property
     def capacity(self) -> int:
@@ -134,9 +157,11 @@ GPU_SIZES = Sizes(
     attention=((1, 0, 8192, "float32"), (8, 4, 8192, "bfloat16"), (64, 8, 2048, "bfloat16"),
                (64, 0, 8192, "float32"), (16, 16, 1000, "bfloat16")),
     model="smollm2", step_grid=_gpu_step_grid(), contexts=(512, 2048, 8192), step_repeats=5,
-    profile_keys=tuple((d, 1, k) for d in ("bfloat16", "float32") for k in (0, 4)),
+    profile_keys=tuple((n, d, 1, k) for n in ("exact", "fast") for d in ("bfloat16", "float32")
+                       for k in (0, 4)),
     profile_context=2048,
-    engine_batches=(1, 8), engine_prompts=8, max_new_tokens=128, engine_repeats=2)
+    engine_batches=(1, 8), engine_prompts=8, max_new_tokens=128, engine_repeats=2,
+    divergence_prompts=2, divergence_tokens=64, divergence_k=4)
 # Interpreted kernels and the tiny model: every line of the script runs, no number means much.
 CPU_SIZES = Sizes(
     batches=(3,), histories=(40, 160), modes=GPU_SIZES.modes, check_steps=6, timing_steps=2,
@@ -144,9 +169,9 @@ CPU_SIZES = Sizes(
     step_grid=(("float32", "xla", 1, 0), ("float32", "xla", 1, 2), ("bfloat16", "xla", 2, 0),
                ("bfloat16", "xla", 2, 2)),
     contexts=(100, 300), step_repeats=2,
-    profile_keys=(("float32", 1, 0), ("bfloat16", 2, 2)), profile_context=100,
+    profile_keys=(("exact", "float32", 1, 0), ("fast", "bfloat16", 2, 2)), profile_context=100,
     engine_batches=(2,), engine_prompts=2, max_new_tokens=8,
-    engine_repeats=1)
+    engine_repeats=1, divergence_prompts=1, divergence_tokens=6, divergence_k=2)
 
 
 class Run:
@@ -253,6 +278,33 @@ def _step_tables(section: dict) -> list[str]:
     return lines
 
 
+def _hf_lines(section: dict, engine: dict, packages: dict) -> list[str]:
+    """The hf section's table, and jaxspec's batch-1 tokens/s over HF's on the same prompts."""
+    methods = section["methods"]
+    names = {"greedy": "HF greedy", "prompt_lookup": f"HF prompt lookup K={section['k']}"}
+    lines = ["", f"transformers {packages.get('transformers') or '?'} / torch "
+             f"{packages.get('torch') or '?'} on {section['runtime']}, {section['model']}, "
+             f"{section['workload']}: {section['dtype']} (matmul precision "
+             f"{section['matmul_precision']}), batch 1, {section['prompts']} prompts, at most "
+             f"{section['max_new_tokens']} new tokens, one timed pass after a warm-up.", "",
+             "| method | tok/s | tokens | seconds |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {name} | {methods[m]['tokens_per_s']:.1f} | {methods[m]['tokens']} "
+              f"| {methods[m]['seconds']:.1f} |" for m, name in names.items() if m in methods]
+    if "lookup_equals_greedy" in section:
+        where = "; ".join(f"prompt {x['prompt']} from token {x['position']}"
+                          for x in section["mismatches"])
+        lines += ["", f"HF prompt lookup equals HF greedy on {section['lookup_equals_greedy']} "
+                  f"of {section['prompts']} prompts" + (f" (differs: {where})." if where else ".")]
+    ours = next((b for b in engine.get("batches", ()) if b["batch"] == 1), None)
+    if ours and engine.get("model") == section["model"] and ours["prompts"] == section["prompts"]:
+        pairs = (("plain", "greedy", "jaxspec plain / HF greedy"),
+                 ("sa", "prompt_lookup", "jaxspec SA / HF prompt lookup"))
+        ratios = [f"{label} {ours[f'{a}_tokens_per_s'] / methods[b]['tokens_per_s']:.2f}x"
+                  for a, b, label in pairs if b in methods]
+        lines += ["", "Same prompts, the engine section at batch 1: " + ", ".join(ratios) + "."]
+    return lines
+
+
 def markdown(results: dict) -> str:
     """The run as Markdown: a line about the machine, then a table per section."""
     meta, sections = results["meta"], results["sections"]
@@ -297,12 +349,13 @@ def markdown(results: dict) -> str:
             from benchmarks import step_profile
 
             lines += ["", f"Model {section['model']} (random weights), {section['context']:,} "
-                      "cached tokens. Kernels, GEMMs, custom calls, copies, loops and graphs are "
-                      "counted in the compiled executable (loop bodies once); synced = the host "
-                      "reads every step's outputs, pipelined = steps dispatched back to back "
-                      f"(median of 3 x {section['repeats']} steps); the trace counts kernels and "
-                      "device-busy time per step (command buffers run kernel by kernel under the "
-                      "profiler).", "", *step_profile.table(section["rows"])]
+                      "cached tokens. Kernels, GEMMs, custom calls, copies and loops are counted "
+                      "in the compiled executable (loop bodies once); synced = the host reads "
+                      "every step's outputs, pipelined = steps dispatched back to back (median "
+                      f"of 3 x {section['repeats']} steps); per step in a profiler trace (CUDA "
+                      "graphs on): kernels, device-busy against wall time, graph launches, the "
+                      "host's time updating and launching graphs, and the executable's host "
+                      "time.", "", *step_profile.table(section["rows"])]
         if name == "step" and section.get("rows"):
             lines += ["", f"One jitted step (`jaxspec.host.profile`, median of "
                       f"{section['repeats']}), model {section['model']} with random weights; "
@@ -318,6 +371,16 @@ def markdown(results: dict) -> str:
                       f"| {b['speedup']:.2f}x | {_fmt(b['mean_acceptance_length'])} "
                       f"| {_fmt(b['plain_step_ms'], '.1f')} / {_fmt(b['sa_step_ms'], '.1f')} "
                       f"| {len(b['mismatches'])} |" for b in section["batches"]]
+        if name == "divergence" and section.get("reports"):
+            from benchmarks import teacher_forced
+
+            lines += ["", f"{section['model']}: every position computed by a plain step and by "
+                      f"a K={section['k']} verify step over the same tokens "
+                      "(`benchmarks.teacher_forced`), the float32 logits compared.", "",
+                      *teacher_forced.MARKDOWN_HEADER,
+                      *teacher_forced.markdown_rows(section["model_name"], section["reports"])]
+        if name == "hf" and section.get("methods"):
+            lines += _hf_lines(section, sections.get("engine", {}), packages)
         if name == "mesh" and section.get("rows"):
             from benchmarks import mesh as mesh_bench
 
@@ -338,11 +401,11 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
-def _profile_keys(text: str) -> tuple[tuple[str, int, int], ...]:
+def _profile_keys(text: str) -> tuple[tuple[str, str, int, int], ...]:
     keys = []
     for key in text.split(","):
-        dtype, batch, k = key.split(":")
-        keys.append((dtype, int(batch), int(k)))
+        numerics, dtype, batch, k = key.split(":")
+        keys.append((numerics, dtype, int(batch), int(k)))
     return tuple(keys)
 
 
@@ -363,8 +426,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dump", action="store_true",
                         help="the profile section also writes each key's compiled HLO and trace "
                         "into --out")
-    parser.add_argument("--record", type=pathlib.Path, default=None, metavar="RESULT_JSON",
-                        help="write a GPU run's results into BENCHMARKS.md and exit")
+    parser.add_argument("--record", type=pathlib.Path, nargs="+", default=None,
+                        metavar="RESULT_JSON", help="write a GPU run's results into BENCHMARKS.md "
+                        "and exit (several: gpu_ship's calls, merged into one section)")
     sizes = parser.add_argument_group("sizes (default: the GPU's, or the CPU's with --cpu)")
     sizes.add_argument("--batches", type=_ints, help="automaton batch sizes, e.g. 1,8,64,256")
     sizes.add_argument("--histories", type=_ints, help="automaton prompt tokens, e.g. 1024,32768")
@@ -380,8 +444,11 @@ def _parser() -> argparse.ArgumentParser:
     sizes.add_argument("--contexts", type=_ints, help="step contexts, e.g. 512,2048,8192")
     sizes.add_argument("--step-repeats", type=int)
     sizes.add_argument("--profile-keys", type=_profile_keys,
-                       help="profile keys dtype:batch:K, comma-separated, e.g. bfloat16:1:0")
+                       help="profile keys numerics:dtype:batch:K, comma-separated, e.g. "
+                       "exact:bfloat16:1:0")
     sizes.add_argument("--profile-context", type=int)
+    sizes.add_argument("--divergence-numerics", type=lambda s: tuple(s.split(",")),
+                       help="exact,fast or one of them")
     sizes.add_argument("--engine-batches", type=_ints)
     sizes.add_argument("--engine-prompts", type=int)
     sizes.add_argument("--max-new-tokens", type=int)
@@ -397,6 +464,7 @@ def sizes_from(args) -> Sizes:
                   check_steps=args.check_steps, timing_steps=args.timing_steps,
                   contexts=args.contexts, step_repeats=args.step_repeats,
                   profile_keys=args.profile_keys, profile_context=args.profile_context,
+                  divergence_numerics=args.divergence_numerics,
                   engine_batches=args.engine_batches, engine_prompts=args.engine_prompts,
                   max_new_tokens=args.max_new_tokens)
     grid = (args.dtypes, args.implementations, args.step_batches, args.step_ks)
@@ -414,23 +482,43 @@ def sizes_from(args) -> Sizes:
     return sizes
 
 
-def record(path: pathlib.Path, benchmarks_md: pathlib.Path | None = None) -> int:
-    """Writes a GPU run's Markdown into BENCHMARKS.md's GPU section (or `benchmarks_md`)."""
+def merged(runs: list[dict]) -> dict:
+    """Several runs' results as one (`benchmarks.gpu_ship`'s two calls): the first's machine and
+    date, the sections in `SECTIONS` order (a later run's replacing an earlier one's), the
+    failures of all, and every run's command line."""
+    sections = {}
+    for results in runs:
+        sections.update(results["sections"])
+    order = {name: i for i, name in enumerate(SECTIONS)}
+    failed = [n for n, s in sections.items() if s["status"] in ("mismatch", "error")]
+    return dict(runs[0], status="failed: " + ", ".join(failed) if failed else "ok",
+                sections={n: sections[n] for n in sorted(sections, key=lambda n: order.get(n, 99))},
+                commands=[r["meta"]["argv"] for r in runs])
+
+
+def record(paths: pathlib.Path | list[pathlib.Path], benchmarks_md: pathlib.Path | None = None
+           ) -> int:
+    """Writes GPU runs' Markdown into BENCHMARKS.md's GPU section (or `benchmarks_md`); several
+    result files (`benchmarks.gpu_ship`'s two calls) become one section (`merged`)."""
     from benchmarks import report
 
-    results = json.loads(path.read_text())
+    paths = [paths] if isinstance(paths, pathlib.Path) else list(paths)
+    runs = [json.loads(path.read_text()) for path in paths]
+    for path, results in zip(paths, runs, strict=True):
+        if results["meta"].get("backend") != "gpu":
+            print(f"{path} was measured on {results['meta'].get('backend')!r}, not a GPU: not "
+                  "recorded", file=sys.stderr)
+            return 2
+    results = merged(runs)
     meta = results["meta"]
-    if meta.get("backend") != "gpu":
-        print(f"{path} was measured on {meta.get('backend')!r}, not a GPU: not recorded",
-              file=sys.stderr)
-        return 2
     where = (f"{meta.get('gpu') or ', '.join(meta['devices'])}, driver {meta.get('driver')}, "
              f"JAX {meta['packages'].get('jax')} on gpu, Python {meta.get('python')}")
-    command = " ".join(["python -m benchmarks.gpu_check", *meta["argv"]])
+    command = " ; ".join(" ".join(["python -m benchmarks.gpu_check", *argv])
+                         for argv in results["commands"])
     benchmarks_md = benchmarks_md or report.BENCHMARKS_MD
     report.write_section(BENCHMARKS_SECTION, markdown(results), command=command, machine=where,
                          stamp=meta["date"], path=benchmarks_md)
-    print(f"recorded {path} ({meta['date']}, {where}) into {benchmarks_md}")
+    print(f"recorded {', '.join(map(str, paths))} ({meta['date']}, {where}) into {benchmarks_md}")
     return 0
 
 
@@ -444,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}", file=sys.stderr)
         return 2
+    # Traces show the CUDA graphs a user's steps run (XLA drops them under the profiler).
+    flag = "--xla_enable_command_buffers_during_profiling"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}=true".strip()
     import jax
 
     if args.cpu:

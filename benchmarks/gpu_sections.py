@@ -5,6 +5,7 @@ calls `run.save()` after each unit of work worth keeping, stops starting units w
 kernel disagrees with its reference.
 """
 
+import functools
 import statistics
 import time
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from benchmarks import chat_prompts
 from benchmarks import harness
+from benchmarks import hf_baseline
 from benchmarks import host_overhead
 from benchmarks import kernel_check
 from benchmarks import runs
@@ -27,6 +29,9 @@ from jaxspec.models import tiny
 
 ENGINE_RESERVE_S = 150.0        # kept from the step section for the engine when --gguf is given
 FIRST_STEP_KEY_S = 20.0         # assumed time of a step key (compile + timing) before one ran
+HF_PLD_K = 10                   # HF prompt lookup's K: what a GPU user of transformers would pick
+NO_GGUF = ("no --gguf: the model sections need the GGUF (94 MiB; `benchmarks.gpu_ship` sends it "
+           "to a device in two calls of 64 MiB)")
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                      num_heads=9, num_kv_heads=3, rope_theta=100000.0, rms_norm_eps=1e-5,
                      tie_embeddings=True, max_position_embeddings=8192)
@@ -103,7 +108,9 @@ def step(run, section: dict):
     """The jitted step per (dtype, attention, batch, K) of the grid, at every context; a key
     that the time left (less the engine's share) cannot fit is skipped."""
     sizes = run.sizes
-    reserve = ENGINE_RESERVE_S if run.gguf and "engine" in run.results["meta"]["sections"] else 0
+    engine_to_come = ("engine" in run.results["meta"]["sections"]
+                      and "engine" not in run.results["sections"])
+    reserve = ENGINE_RESERVE_S if run.gguf and engine_to_come else 0
     model = _model(sizes.model)
     models = {}
     section.update(model=sizes.model, contexts=list(sizes.contexts), repeats=sizes.step_repeats,
@@ -143,20 +150,22 @@ def profile_steps(run, section: dict):
     models = {}
     section.update(model=sizes.model, context=sizes.profile_context,
                    repeats=sizes.step_repeats, rows=[], skipped=[])
-    for dtype, batch, k in sizes.profile_keys:
+    for numerics, dtype, batch, k in sizes.profile_keys:
         if run.left() <= 0:
-            section["skipped"].append(f"{dtype} batch {batch} K={k}")
+            section["skipped"].append(f"{numerics} {dtype} batch {batch} K={k}")
             continue
         if dtype not in models:
             models[dtype] = precision.cast(model, dtype)
-        row = dict(dtype=dtype, batch=batch, k=k, context=sizes.profile_context,
+        name = f"{numerics}_{dtype}_b{batch}_k{k}"
+        row = dict(numerics=numerics, dtype=dtype, batch=batch, k=k,
+                   context=sizes.profile_context,
                    **step_profile.profile_key(
                        models[dtype], batch=batch, k=k, context=sizes.profile_context,
-                       repeats=sizes.step_repeats,
-                       dump=run.out / f"{dtype}_b{batch}_k{k}" if run.dump else None))
+                       repeats=sizes.step_repeats, numerics=numerics,
+                       dump=run.out / name if run.dump else None))
         section["rows"].append(row)
         census, trace = row["census"], row["trace"]
-        run.log(f"  {dtype} batch {batch} K={k}: {census['kernels']} kernels, "
+        run.log(f"  {name}: {census['kernels']} kernels, "
                 f"{census['gemms']} GEMMs, {len(census['while_loops'])} loops, "
                 f"{census['command_buffers']} graphs; {row['synced_ms']:.2f} ms synced, "
                 f"{row['pipelined_ms']:.2f} pipelined; traced "
@@ -171,25 +180,32 @@ def _synthetic_prompts(count: int, vocab: int) -> list[list[int]]:
     return [rng.integers(0, vocab, 12).tolist() * 3 for _ in range(count)]
 
 
+@functools.cache
+def _gguf_workload(path: str, count: int, max_new_tokens: int):
+    """(model, tokenizer, prompt ids) of the GGUF model on `count` code-editing prompts, loaded
+    once for the sections that share them."""
+    from jaxspec import models
+
+    model, tokenizer = models.load(path)
+    conversations = workloads.load("code_editing", count)
+    return model, tokenizer, chat_prompts.prompt_ids(model, tokenizer, conversations,
+                                                     max_new_tokens=max_new_tokens)
+
+
 def engine(run, section: dict):
     """Plain vs SA on code editing with the GGUF model; on CPU the tiny model on synthetic
     prompts; skipped on a GPU without a GGUF."""
     sizes = run.sizes
     if run.gguf:
-        from jaxspec import models
-
-        model, tokenizer = models.load(run.gguf)
-        conversations = workloads.load("code_editing", sizes.engine_prompts)
-        prompts = chat_prompts.prompt_ids(model, tokenizer, conversations,
-                                          max_new_tokens=sizes.max_new_tokens)
+        model, tokenizer, prompts = _gguf_workload(run.gguf, sizes.engine_prompts,
+                                                   sizes.max_new_tokens)
         section.update(model=run.gguf, workload="code_editing")
     elif run.cpu:
         model, tokenizer = _model("tiny"), None
         prompts = _synthetic_prompts(sizes.engine_prompts, model.vocab_size)
         section.update(model="tiny (random weights)", workload="synthetic repeats")
     else:
-        section.update(status="skipped", reason="no --gguf: the embedded GGUF (94 MiB) does "
-                       "not travel to a device (64 MiB a call)")
+        section.update(status="skipped", reason=NO_GGUF)
         return
     section["batches"] = []
     for batch in sizes.engine_batches:
@@ -212,12 +228,111 @@ def engine(run, section: dict):
         run.save()
 
 
+def divergence(run, section: dict):
+    """Teacher-forced plain against verify logits (`benchmarks.teacher_forced`), exact and fast
+    numerics, float32 and bfloat16: on the GGUF model's code-editing prompts; without a GGUF,
+    SmolLM2's shapes with random weights on random prompts (the tiny model on CPU)."""
+    from benchmarks import teacher_forced
+
+    sizes = run.sizes
+    if run.gguf:
+        model, _, prompts = _gguf_workload(run.gguf, sizes.engine_prompts, sizes.max_new_tokens)
+        prompts = prompts[:sizes.divergence_prompts]
+        name = "SmolLM2-135M (GGUF), code editing prompts"
+    else:
+        model = _model(sizes.model)
+        prompts = teacher_forced.random_prompts(
+            model.vocab_size, [48 + 16 * i for i in range(sizes.divergence_prompts)])
+        name = f"{sizes.model} (random weights), random prompts"
+    short = "smollm2" if run.gguf else sizes.model
+    section.update(model=name, model_name=short, k=sizes.divergence_k,
+                   max_new_tokens=sizes.divergence_tokens, reports=[], skipped=[])
+    for numerics in sizes.divergence_numerics:
+        for dtype in ("float32", "bfloat16"):
+            if run.left() <= 0:
+                section["skipped"].append(f"{numerics} {dtype}")
+                continue
+            report = teacher_forced.teacher_forced(
+                precision.cast(model, dtype), prompts, k=sizes.divergence_k,
+                max_new_tokens=sizes.divergence_tokens, numerics=numerics)
+            for row in report["prompts"]:
+                row.pop("tokens", None)
+            section["reports"].append(report)
+            totals = report["totals"]
+            run.log(f"  {numerics} {dtype}: {totals['not_bitwise_equal']} of "
+                    f"{totals['positions']} positions not bitwise equal, max |diff| "
+                    f"{totals['max_abs_diff']:.3g}, {totals['argmax_flips']} argmax flips")
+            run.save()
+    if any(r["numerics"] == "exact" and r["totals"]["not_bitwise_equal"]
+           for r in section["reports"]):
+        raise RuntimeError("exact numerics: a verify row differs from its plain row")
+
+
+def hf(run, section: dict):
+    """HF transformers greedy and prompt lookup (K = `HF_PLD_K`), float32, batch 1, on the
+    engine section's model and prompts: torch on `cuda`, or on the CPU with `--cpu` (the tiny
+    model's weights in transformers' Llama when there is no GGUF). One timed pass of each after
+    a short warm-up, prompt lookup first (jaxspec SA's peer, kept should the budget end); whether
+    prompt lookup's output equals greedy's, prompt by prompt."""
+    sizes = run.sizes
+    reason = "no time left in the budget" if run.left() <= 0 else hf_baseline.unavailable_reason()
+    if reason is None and not run.cpu:
+        import torch
+
+        reason = (NO_GGUF if not run.gguf else None if torch.cuda.is_available()
+                  else f"HF baseline skipped: torch {torch.__version__} sees no CUDA device")
+    if reason:
+        section.update(status="skipped", reason=reason)
+        return
+    device = "cpu" if run.cpu else "cuda"
+    if run.gguf:
+        _, tokenizer, prompts = _gguf_workload(run.gguf, sizes.engine_prompts,
+                                               sizes.max_new_tokens)
+        model = hf_baseline.HFModel.load(run.gguf, device=device)
+        section.update(model=run.gguf, workload="code_editing")
+    else:
+        tiny_model = _model("tiny")
+        tokenizer, prompts = None, _synthetic_prompts(sizes.engine_prompts, tiny_model.vocab_size)
+        model = hf_baseline.HFModel.from_llama(tiny_model, device=device)
+        section.update(model="tiny (random weights)", workload="synthetic repeats")
+    # On the CPU torch is imported only now, after HFModel set the OpenMP wait policy it reads.
+    import torch
+
+    stops = runs.stop_ids(tokenizer)
+    section.update(runtime=model.threads_note, dtype="float32",
+                   matmul_precision=torch.get_float32_matmul_precision(), k=HF_PLD_K,
+                   prompts=len(prompts), max_new_tokens=sizes.max_new_tokens, methods={},
+                   skipped=[])
+    outputs = {}
+    for method, k in (("prompt_lookup", HF_PLD_K), ("greedy", None)):
+        if run.left() <= 0:
+            section["skipped"].append(f"HF {method}")
+            continue
+        model.generate(prompts[0][-harness.HF_WARMUP_TOKENS:], max_new_tokens=2, stop_ids=stops,
+                       prompt_lookup_num_tokens=k)
+        timed = runs.run_hf(model, prompts, max_new_tokens=sizes.max_new_tokens, stops=stops,
+                            prompt_lookup_num_tokens=k)
+        outputs[method] = timed.outputs
+        section["methods"][method] = dict(tokens=timed.generated, seconds=timed.wall_s,
+                                          tokens_per_s=timed.tokens_per_s)
+        run.log(f"  HF {method}: {timed.tokens_per_s:.1f} tok/s ({timed.generated} tokens)")
+        run.save()
+    if len(outputs) == 2:
+        pairs = list(zip(outputs["greedy"], outputs["prompt_lookup"], strict=True))
+        section["mismatches"] = [dict(prompt=i, position=runs.first_mismatch(g, p))
+                                 for i, (g, p) in enumerate(pairs) if g != p]
+        section["lookup_equals_greedy"] = len(pairs) - len(section["mismatches"])
+
+
 def mesh(run, section: dict):
     """The engine without a mesh and with a 1 x 1 mesh on this one device (the mesh code path:
     shardings, shard_map), plain and SA on synthetic prompts: the same tokens, and the step
     time of each (issue 14: the single-device path no slower)."""
     from benchmarks import mesh as mesh_bench
 
+    if run.left() <= 0:
+        section.update(status="skipped", reason="no time left in the budget")
+        return
     model = _model(run.sizes.model)
     if not run.cpu:
         model = precision.cast(model, "bfloat16")
@@ -230,5 +345,5 @@ def mesh(run, section: dict):
         raise RuntimeError("the mesh code path changed the tokens")
 
 
-SECTIONS = dict(profile=profile_steps, kernels=kernels, attention=attention, sa_timing=sa_timing,
-                step=step, engine=engine, mesh=mesh)
+SECTIONS = dict(profile=profile_steps, engine=engine, divergence=divergence, hf=hf, step=step,
+                kernels=kernels, attention=attention, sa_timing=sa_timing, mesh=mesh)

@@ -7,18 +7,20 @@ For each step key (dtype, K, batch), on the model the GPU check's step section t
   census    from `jit(step).lower(...).compile().as_text()`: the kernels one call launches
             (fusions, custom calls by target, the GEMMs among them, copies, with the copies as
             large as the KV pages apart), the while loops (and whether the compiler knows their
-            trip count: a loop it does not syncs with the host every iteration on XLA:GPU), the
-            conditionals, and the command-buffer (CUDA graph) regions with the kernels inside.
+            trip count: a loop it does not syncs with the host every iteration on XLA:GPU) and
+            the conditionals. (XLA:GPU as of JAX 0.11 forms its command buffers from the thunks,
+            after the HLO: the trace shows them.)
   timing    wall time of one step outside the profiler, two ways: synced (the host reads each
             step's outputs before the next dispatch, as the executor does) and pipelined (steps
             dispatched back to back, read at the end). Their gap is what the host's round trip
             costs; the pipelined figure is what the device needs.
-  trace     a `jax.profiler` trace of `TRACE_STEPS` synced steps, summarised from the device
-            planes: kernels per step, device-busy time per step (the union of the kernels'
-            intervals) against wall time per step, and the kernels with the most time. XLA runs
-            command buffers kernel by kernel under the profiler unless
-            `--xla_enable_command_buffers_during_profiling` is set, so the trace shows the
-            kernels, and the timing above what a user gets.
+  trace     a `jax.profiler` trace of `TRACE_STEPS` synced steps, summarised: from the device
+            planes, kernels per step, device-busy time per step (the union of the kernels'
+            intervals) against wall time per step, and the kernels with the most time; from the
+            host's, CUDA graph launches per step, the time spent updating and launching them,
+            and the executable's host time. XLA runs command buffers kernel by kernel under the
+            profiler unless `--xla_enable_command_buffers_during_profiling` is set (the GPU
+            check sets it), so the timing above stays what a user gets.
 """
 
 import collections
@@ -54,6 +56,7 @@ _OPCODE = re.compile(r"\s([a-z][a-z0-9\-]*)\(")
 _CALLED = re.compile(r"\b(to_apply|body|condition|calls|branch_computations)="
                      r"(\{[^}]*\}|%?[\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_FUSION_KIND = re.compile(r'"fusion_backend_config":\{.*?"kind":"([^"]+)"')
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
@@ -97,11 +100,14 @@ def parse_hlo(text: str) -> tuple[dict[str, list[Instruction]], str | None]:
 
 
 def _is_gemm(ins: Instruction) -> bool:
+    """A cuBLAS call, or a fusion XLA emits as a GEMM (`"kind":"__triton_nested_gemm_fusion"`,
+    `"__triton_gemm"`, `"__cublas..."` in its backend config)."""
     if ins.opcode == "custom-call":
         target = _TARGET.search(ins.line)
         return bool(target and "gemm" in target.group(1).lower())
-    return ins.opcode == "fusion" and ("triton_gemm" in ins.line or "__cublas" in ins.line
-                                       or "cudnn" in ins.line.lower() and "conv" in ins.line)
+    kind = _FUSION_KIND.search(ins.line)
+    return ins.opcode == "fusion" and bool(kind) and (
+        "gemm" in kind.group(1) or "cublas" in kind.group(1))
 
 
 def census(text: str, kv_shape: tuple[int, ...] | None = None) -> dict:
@@ -118,7 +124,8 @@ def census(text: str, kv_shape: tuple[int, ...] | None = None) -> dict:
     Returns:
       A JSON-ready dict: kernels, by_opcode, custom_calls (target -> count), gemms, copies,
       kv_copies, while_loops (each with its trip count or None and its body's kernels),
-      conditionals, command_buffers (regions) and kernels_in_command_buffers.
+      conditionals, command_buffers (HLO-level regions, from XLAs that schedule them in the
+      HLO) and kernels_in_command_buffers.
     """
     computations, entry = parse_hlo(text)
     kv_dims = None if kv_shape is None else "[" + ",".join(str(d) for d in kv_shape) + "]"
@@ -217,7 +224,19 @@ def summarize_trace(events: list[Event], steps: int, wall_s: float) -> dict:
     the `TOP_KERNELS` kernels with the most time. Without device planes (the CPU) the kernel
     figures are None."""
     kernels = [e for e in events if _is_kernel_line(e.plane, e.line) and e.duration_ns > 0]
+    host = [e for e in events if not e.plane.startswith("/device:")]
+
+    def host_ms(prefix: str) -> float:
+        return sum(e.duration_ns for e in host if e.name.startswith(prefix)) / 1e6 / steps
+
     out = dict(steps=steps, wall_ms_per_step=1e3 * wall_s / steps,
+               # XLA:GPU records command buffers (CUDA graphs) from its thunks, not in the HLO:
+               # the host's graph launches and updates say whether and how they ran.
+               graph_launches_per_step=sum(e.name.startswith("cuGraphLaunch") for e in host)
+               / steps,
+               graph_update_ms_per_step=host_ms("command_buffer::update"),
+               graph_launch_ms_per_step=host_ms("cuGraphLaunch"),
+               host_execute_ms_per_step=host_ms("[0] GpuExecutable::ExecuteThunks"),
                device_planes=sorted({e.plane for e in events if e.plane.startswith("/device:")}),
                kernel_lines=sorted({f"{e.plane} {e.line}" for e in kernels}))
     if not kernels:
@@ -234,11 +253,23 @@ def summarize_trace(events: list[Event], steps: int, wall_s: float) -> dict:
                                   us_per_step=ns / 1e3 / steps) for name, (n, ns) in top])
 
 
+def _cell(trace: dict, key: str) -> str:
+    if key == "busy_wall":
+        busy = trace.get("busy_ms_per_step")
+        return "–" if busy is None else f"{busy:.2f} / {trace['wall_ms_per_step']:.2f}"
+    if key == "graph_ms":
+        return (f"{trace.get('graph_update_ms_per_step', 0):.2f} / "
+                f"{trace.get('graph_launch_ms_per_step', 0):.2f}")
+    value = trace.get(key)
+    return "–" if value is None else f"{value:.2f}" if key.endswith("ms_per_step") else (
+        f"{value:.0f}")
+
+
 # ------------------------------------------------------------------------------ one key
 
 
 def profile_key(model, *, batch: int, k: int, context: int, repeats: int,
-                implementation: str | None = None, trace: bool = True,
+                implementation: str | None = None, numerics: str = "fast", trace: bool = True,
                 dump: pathlib.Path | None = None) -> dict:
     """The census, the timing and (with `trace`) the trace summary of one step key.
 
@@ -257,7 +288,7 @@ def profile_key(model, *, batch: int, k: int, context: int, repeats: int,
     cfg = step_lib.canonical(step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host",
                                                  implementation=implementation))
     inputs = profile_lib.step_inputs(batch, k, context, PAGE_SIZE, cols, model.vocab_size,
-                                     np.random.default_rng(0), implementation)
+                                     np.random.default_rng(0), implementation, numerics)
     start = time.perf_counter()
     compiled = step_lib.step.lower(params, state, inputs, cfg=cfg).compile()
     text = compiled.as_text()
@@ -299,29 +330,28 @@ def profile_key(model, *, batch: int, k: int, context: int, repeats: int,
 
 def table(rows: list[dict]) -> list[str]:
     """Markdown lines: one row per key, then each key's heaviest kernels."""
-    lines = ["| dtype | batch | K | context | kernels | GEMMs | custom calls | copies (KV) "
-             "| while loops (run-time trip) | graphs (kernels in them) | synced / pipelined ms "
-             "| traced kernels per step | busy / wall ms per step |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: |"]
+    lines = ["| numerics | dtype | batch | K | context | kernels | GEMMs | custom calls "
+             "| copies (KV) | while loops (run-time trip) | synced / pipelined ms "
+             "| traced kernels | busy / wall ms | graph launches | graph update / launch ms "
+             "| host execute ms |",
+             "| --- | --- |" + " ---: |" * 14]
     for r in rows:
         c, t = r["census"], r.get("trace") or {}
         loops = c["while_loops"]
         unknown = sum(loop["trip_count"] is None for loop in loops)
-        busy = t.get("busy_ms_per_step")
         lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['k']} | {r['context']:,} | {c['kernels']} "
-            f"| {c['gemms']} | {sum(c['custom_calls'].values())} | {c['copies']} "
-            f"({c['kv_copies']}) | {len(loops)} ({unknown}) | {c['command_buffers']} "
-            f"({c['kernels_in_command_buffers']}) | {r['synced_ms']:.2f} / "
-            f"{r['pipelined_ms']:.2f} | "
-            + ("–" if t.get("kernels_per_step") is None else f"{t['kernels_per_step']:.0f}")
-            + " | " + ("–" if busy is None else f"{busy:.2f} / {t['wall_ms_per_step']:.2f}")
-            + " |")
+            f"| {r.get('numerics', 'fast')} | {r['dtype']} | {r['batch']} | {r['k']} "
+            f"| {r['context']:,} | {c['kernels']} | {c['gemms']} "
+            f"| {sum(c['custom_calls'].values())} | {c['copies']} ({c['kv_copies']}) "
+            f"| {len(loops)} ({unknown}) | {r['synced_ms']:.2f} / {r['pipelined_ms']:.2f} | "
+            + " | ".join(_cell(t, key) for key in (
+                "kernels_per_step", "busy_wall", "graph_launches_per_step", "graph_ms",
+                "host_execute_ms_per_step")) + " |")
     for r in rows:
         top = (r.get("trace") or {}).get("top_kernels")
         if top:
-            lines += ["", f"Heaviest kernels, {r['dtype']} batch {r['batch']} K={r['k']} "
+            lines += ["", f"Heaviest kernels, {r.get('numerics', 'fast')} {r['dtype']} batch "
+                      f"{r['batch']} K={r['k']} "
                       f"(us per step, calls per step): "
                       + "; ".join(f"`{x['name'][:60]}` {x['us_per_step']:.0f} us "
                                   f"x{x['calls_per_step']:.0f}" for x in top)]

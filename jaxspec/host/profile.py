@@ -20,7 +20,8 @@ from jaxspec.host import cost_model as cost_model_lib
 
 
 def step_inputs(rows: int, k: int, context: int, page_size: int, cols: int, vocab: int,
-                rng, implementation: str | None = None) -> step_lib.StepInputs:
+                rng, implementation: str | None = None,
+                numerics: str = "fast") -> step_lib.StepInputs:
     """A step's batch of random tokens and K host drafts per row, every row `context` tokens
     into a table of `cols` pages."""
     # Every row reads the same pages: the step reads and writes as much as with its own.
@@ -31,7 +32,7 @@ def step_inputs(rows: int, k: int, context: int, page_size: int, cols: int, voca
         draft_lens=np.full((rows,), k, np.int32),
         view=kv_cache.CacheView(page_table=table, lengths=np.full((rows,), context, np.int32),
                                 num_new=np.full((rows,), 1 + k, np.int32),
-                                implementation=implementation),
+                                implementation=implementation, numerics=numerics),
         sampling=sampling.SamplingArrays(temperature=np.zeros(rows, np.float32),
                                          top_k=np.zeros(rows, np.int32),
                                          top_p=np.ones(rows, np.float32),

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from benchmarks import gpu_check
+from benchmarks import hf_baseline
 from benchmarks import kernel_check
 from jaxspec.pallas_kernels import sa_extend
 
@@ -23,13 +24,15 @@ def test_cpu_run_covers_every_section(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--out",
                            str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240)
+                          timeout=480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / gpu_check.RESULT_JSON).read_text())
     assert results["status"] == "ok" and results["meta"]["backend"] == "cpu"
     sections = results["sections"]
     assert list(sections) == list(gpu_check.SECTIONS)
-    assert all(s["status"] == "ok" for s in sections.values()), sections
+    hf_reason = hf_baseline.unavailable_reason()       # CI installs no torch: hf says so
+    expected = {n: "skipped" if n == "hf" and hf_reason else "ok" for n in gpu_check.SECTIONS}
+    assert {n: s["status"] for n, s in sections.items()} == expected, sections
     sizes = gpu_check.CPU_SIZES
     assert len(sections["kernels"]["cases"]) == len(sizes.modes) * len(sizes.batches)
     assert sum(c["drafted_rows"] for c in sections["kernels"]["cases"]) > 0
@@ -38,12 +41,26 @@ def test_cpu_run_covers_every_section(tmp_path):
     assert {(k["dtype"], k["batch"], k["k"]) for k in sections["step"]["keys"]} == {
         (d, b, k) for d, _, b, k in sizes.step_grid}
     assert sections["engine"]["batches"][0]["mismatches"] == []
+    assert [(r["numerics"], r["dtype"]) for r in sections["profile"]["rows"]] == [
+        (n, d) for n, d, _, _ in sizes.profile_keys]
+    reports = sections["divergence"]["reports"]
+    assert [(r["numerics"], r["totals"]["positions"]) for r in reports] == [
+        (n, sizes.divergence_prompts * sizes.divergence_tokens)
+        for n in ("exact", "exact", "fast", "fast")]
+    assert all(r["totals"]["not_bitwise_equal"] == 0 for r in reports if r["numerics"] == "exact")
     assert [(r["mesh"], r["spec"], r["identical"]) for r in sections["mesh"]["rows"]] == [
         (None, "none", True), (None, "sa", True), ([1, 1], "none", True), ([1, 1], "sa", True)]
     table = (out / gpu_check.RESULT_MD).read_text()
     assert table.startswith("## GPU check") and "CPU smoke run" in table
     for heading in gpu_check.SECTIONS:
-        assert f"### {heading}: ok" in table
+        assert f"### {heading}: {expected[heading]}" in table
+    if hf_reason:
+        assert sections["hf"]["reason"] == hf_reason
+    else:                                  # the tiny model's weights in transformers' Llama
+        hf = sections["hf"]
+        assert set(hf["methods"]) == {"greedy", "prompt_lookup"} and hf["mismatches"] == []
+        assert hf["lookup_equals_greedy"] == sizes.engine_prompts
+        assert "| HF prompt lookup K=10 |" in table
     assert "| automaton global-fixed-2, batch 3 |" in table
     assert "| float32 | xla | 1 | 512 |" in table
     assert "| 1x1 | sa |" in table
@@ -135,3 +152,35 @@ def test_record_refuses_numbers_not_measured_on_a_gpu(tmp_path, capsys):
     md = tmp_path / "BENCHMARKS.md"
     assert gpu_check.record(path, md) == 2
     assert not md.exists() and "not a GPU: not recorded" in capsys.readouterr().err
+
+
+def test_record_merges_the_two_calls_of_gpu_ship(tmp_path):
+    first = _gpu_result(tmp_path)
+    results = json.loads(first.read_text())
+    results["meta"]["packages"].update(torch="2.11.0", transformers="5.17.0")
+    first.write_text(json.dumps(results))
+    batch = dict(batch=1, prompts=8, max_new_tokens=128, plain_tokens_per_s=150.0,
+                 sa_tokens_per_s=350.0, speedup=2.33, mean_acceptance_length=3.3,
+                 plain_step_ms=6.4, sa_step_ms=9.1, mismatches=[])
+    hf = dict(status="ok", seconds=40.0, model="/tmp/model/m.gguf", workload="code_editing",
+              runtime="cuda: NVIDIA H200", dtype="float32", matmul_precision="highest", k=10,
+              prompts=8, max_new_tokens=128, skipped=[],
+              methods=dict(prompt_lookup=dict(tokens=1000, seconds=5.0, tokens_per_s=200.0),
+                           greedy=dict(tokens=1000, seconds=20.0, tokens_per_s=50.0)),
+              mismatches=[dict(prompt=3, position=85)], lookup_equals_greedy=7)
+    results["meta"].update(argv=["--out", "/out", "--gguf", "m.gguf"])
+    results["sections"] = dict(hf=hf, engine=dict(status="ok", seconds=70.0, batches=[batch],
+                                                   model="/tmp/model/m.gguf",
+                                                   workload="code_editing"))
+    second = tmp_path / "second.json"
+    second.write_text(json.dumps(results))
+    md = tmp_path / "BENCHMARKS.md"
+    assert gpu_check.record([first, second], md) == 0
+    text = md.read_text()
+    assert text.index("### engine: ok") < text.index("### hf: ok") < text.index("### step: ")
+    assert "transformers 5.17.0 / torch 2.11.0 on cuda: NVIDIA H200" in text
+    assert "| HF prompt lookup K=10 | 200.0 | 1000 | 5.0 |" in text
+    assert "equals HF greedy on 7 of 8 prompts (differs: prompt 3 from token 85)." in text
+    assert "jaxspec plain / HF greedy 3.00x, jaxspec SA / HF prompt lookup 1.75x." in text
+    assert ("Command: `python -m benchmarks.gpu_check --out /out ; python -m "
+            "benchmarks.gpu_check --out /out --gguf m.gguf`") in text

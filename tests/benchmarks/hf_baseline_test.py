@@ -1,4 +1,5 @@
-"""The HF baseline on a tiny random transformers Llama: prompt lookup is lossless, stops stop."""
+"""The HF baseline on a tiny random transformers Llama: prompt lookup is lossless, stops stop; a
+jaxspec Llama's weights in transformers' Llama generate what jaxspec generates."""
 
 import pytest
 
@@ -49,3 +50,17 @@ def test_empty_prompt(hf):
 def test_threads_note_names_the_wait_policy(hf, monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     assert hf.threads_note == f"{torch.get_num_threads()} threads, OMP_WAIT_POLICY=PASSIVE"
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_jaxspec_llama_in_transformers_generates_what_jaxspec_does(tie):
+    from benchmarks import runs
+    from jaxspec.models import tiny
+
+    model = tiny.tiny_model(seed=0, tie_embeddings=tie)
+    hf = hf_baseline.HFModel.from_llama(model)
+    assert hf.device == "cpu" and hf.model.config.tie_word_embeddings == tie
+    prompts = [PROMPT, [7, 3, 9, 3, 9, 3, 9, 11]]
+    ours = runs.run_jaxspec(model, None, prompts, spec=None, max_new_tokens=12,
+                            scheduler=runs.scheduler_for(prompts, 12, 2)).outputs
+    assert [hf.generate(p, max_new_tokens=12, stop_ids=()) for p in prompts] == ours
