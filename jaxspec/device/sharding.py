@@ -1,9 +1,9 @@
 """Where the engine's arrays live on a device mesh with axes `data` and `model`.
 
     weights     Megatron-style over `model` (each model says how: `param_specs`): the q, k, v, gate
-                and up projections split by output features (attention heads, FFN hidden), the o
-                and down projections by input features, the embedding (and tied LM head) by
-                vocabulary rows where the vocabulary divides, norms replicated.
+                and up projections split by output features (KV heads with their query heads, FFN
+                hidden), the o and down projections by input features, the embedding (and tied LM
+                head) by vocabulary rows where the vocabulary divides, norms replicated.
     KV pages    [L, N, S, Hkv, D]: KV heads over `model`. When `model` exceeds the KV heads, the
                 engine first repeats each KV head (`model / Hkv` copies, as vLLM does), so every
                 model shard holds whole heads.
@@ -137,12 +137,13 @@ def place_params(mesh: Mesh, params, specs):
 
 def to_host(tree):
     """numpy copies of replicated arrays, also when the mesh spans other processes' devices
-    (each process reads its own shard)."""
-    def one(x):
+    (each process reads its own shard). One `jax.device_get` for the whole tree: it starts
+    every leaf's copy before waiting for any (a step's outputs are six arrays)."""
+    def local(x):
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            return np.asarray(x.addressable_data(0))
-        return np.asarray(x)
-    return jax.tree.map(one, tree)
+            return x.addressable_data(0)
+        return x
+    return jax.device_get(jax.tree.map(local, tree))
 
 
 def device_bytes(tree) -> dict:

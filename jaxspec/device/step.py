@@ -72,10 +72,15 @@ class StepConfig:
         verify the automaton's drafts instead (None: no enhancer).
       top2: also return the target's two best logits at every position (the
         greedy-equivalence report reads them).
+      logits: also return the target's float32 logits at every position (the teacher-forced
+        divergence report compares them; `benchmarks.teacher_forced`).
       implementation: the automaton kernels: "pallas", "xla" or None (Pallas on GPU, XLA
         elsewhere); attention's is the cache view's.
       mesh: the device mesh the state and batch are sharded over (`jaxspec.device.sharding`),
         or None; outputs come back replicated and the state keeps its shardings.
+      chained: the step follows one whose outputs the host has not read yet
+        (`StepInputs.previous`): each row's last token and cached length come from those
+        outputs, on the device.
     """
 
     graphdef: Any
@@ -89,8 +94,10 @@ class StepConfig:
     min_match_len: int = 1
     enhancer_threshold: int | None = None
     top2: bool = False
+    logits: bool = False
     implementation: str | None = None
     mesh: Any = None
+    chained: bool = False
 
     def __post_init__(self):
         if self.k < 0:
@@ -190,14 +197,18 @@ class StepInputs:
     """One verify step's batch.
 
     Attributes:
-      last_tokens: i32[B] each row's last committed token (not yet in the cache).
+      last_tokens: i32[B] each row's last committed token (not yet in the cache); ignored by a
+        chained step.
       drafts: i32[B, K] host drafts (draft source "host"); ignored otherwise (may be [B, 0]).
       draft_lens: i32[B] draft lengths to verify, decided on the host for every draft source
-        (an automaton row's at most its admitted length, reported by the last step).
-      view: cache view with num_new = 1 + K for real rows and 0 for padding rows.
+        (an automaton row's capped on the device at its admitted length).
+      view: cache view with num_new = 1 + K for real rows and 0 for padding rows; a chained
+        step's lengths are those the previous step used.
       sampling: per-row sampling parameters.
       slots: i32[B] each row's automaton slot (the dummy slot for padding rows); ignored without
         device automata.
+      previous: with `StepConfig.chained`, the previous step's `(new_tokens i32[B, K+1],
+        num_new_tokens i32[B])`, still on the device, the same rows in the same order; else None.
     """
 
     last_tokens: jax.Array
@@ -206,6 +217,7 @@ class StepInputs:
     view: kv_cache.CacheView
     sampling: sampling.SamplingArrays
     slots: jax.Array
+    previous: tuple[jax.Array, jax.Array] | None = None
 
 
 @flax.struct.dataclass
@@ -224,6 +236,8 @@ class StepOutputs:
       next_match_len: i32[B] match length behind the next drafts.
       top2: f32[B, K+1, 2] the target's two best logits at each position, with
         `StepConfig.top2`; else None.
+      logits: f32[B, K+1, V] the target's logits at each position, with `StepConfig.logits`;
+        else None.
     """
 
     new_tokens: jax.Array
@@ -233,6 +247,7 @@ class StepOutputs:
     next_draft_lens: jax.Array
     next_match_len: jax.Array
     top2: jax.Array | None = None
+    logits: jax.Array | None = None
 
 
 def _pinned(cfg: StepConfig, state: DeviceState, outputs):
@@ -278,7 +293,8 @@ def prefill(params, state: DeviceState, tokens: jax.Array, view: kv_cache.CacheV
     _TRACES["prefill"] += 1
     model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, view)
     last = jnp.maximum(view.num_new - 1, 0)
-    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1))   # [B, 1, V]
+    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1),
+                          view)                                                  # [B, 1, V]
     positions = (view.lengths + view.num_new)[:, None]
     chosen = sampling.choose_tokens(logits, sampling_arrays, positions,
                                     greedy_only=cfg.greedy_only)
@@ -328,12 +344,24 @@ def _drafts(cfg: StepConfig, state: DeviceState, inputs: StepInputs):
     sa_drafts = state.drafts.tokens[inputs.slots, :k]
     match_len = state.drafts.match_len[inputs.slots]
     if cfg.draft_source == "sa":
-        # Never past the automaton's real continuation, whatever the host asked.
-        return sa_drafts, jnp.minimum(inputs.draft_lens, state.drafts.lens[inputs.slots]), match_len
+        # Never past the automaton's admitted continuation, whatever the host asked: the host
+        # of a chained step has not read the lengths yet and asks for K.
+        admitted, _ = _admitted(cfg, state.drafts, inputs.slots)
+        return sa_drafts, jnp.minimum(inputs.draft_lens, admitted), match_len
     # Enhancer: rows with a long enough match verify the automaton's drafts, the others the host's.
     drafts = enhancer.enhance(inputs.drafts, sa_drafts, match_len,
                               threshold=cfg.enhancer_threshold)
     return drafts, inputs.draft_lens, match_len
+
+
+def _continued(inputs: StepInputs) -> StepInputs:
+    """A chained step's inputs: each real row continues from the previous step's bonus token
+    (its last committed token), with the length that step used plus the tokens it committed."""
+    new_tokens, num_new = inputs.previous
+    last = jnp.take_along_axis(new_tokens, (num_new - 1)[:, None], axis=1)[:, 0]
+    view = inputs.view
+    lengths = view.lengths + jnp.where(view.num_new > 0, num_new, 0)
+    return inputs.replace(last_tokens=last, view=view.replace(lengths=lengths), previous=None)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
@@ -343,13 +371,17 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     Args:
       params: the model's weights (`weights`; its NNX state works too, slower).
       state: the device state (donated).
-      inputs: the batch.
+      inputs: the batch (with `cfg.chained`, its last tokens and lengths continue
+        `inputs.previous`).
       cfg: static configuration.
 
     Returns:
       (state, StepOutputs).
     """
     _TRACES["step"] += 1
+    assert cfg.chained == (inputs.previous is not None), "StepInputs.previous iff cfg.chained"
+    if cfg.chained:
+        inputs = _continued(inputs)
     k = cfg.k
     drafts, draft_lens, match_len = _drafts(cfg, state, inputs)
     # Padding rows (num_new == 0) verify nothing.
@@ -359,7 +391,7 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, inputs.view)
     state = state.replace(kv=kv)
     positions = inputs.view.lengths[:, None] + 1 + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-    logits = model.logits(hidden)
+    logits = model.logits(hidden, inputs.view)
     target = sampling.choose_tokens(logits, inputs.sampling, positions,
                                     greedy_only=cfg.greedy_only)
     new_tokens, num_new = verify.accept(drafts, draft_lens, target)
@@ -371,7 +403,8 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     return _pinned(cfg, state, StepOutputs(
         new_tokens=new_tokens, num_new_tokens=num_new, draft_lens=draft_lens, match_len=match_len,
         next_draft_lens=next_lens, next_match_len=next_match,
-        top2=sampling.top2(logits) if cfg.top2 else None))
+        top2=sampling.top2(logits) if cfg.top2 else None,
+        logits=logits.astype(jnp.float32) if cfg.logits else None))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))

@@ -11,10 +11,11 @@ each:
      now, padded to K with the real lengths kept apart (the automata drafted inside the previous
      step, on the device); a batch with no draft runs with K = 0; KV pages for 1 + K per row.
      With adaptive K, a request whose drafts stopped paying rests its automaton (rest.py).
-  6. `_run`: forward + verify in one jitted call (`_prefill` does the forward of prompt chunks);
-     KV rollback is a length reset.
-  7. `_commit`: accepted tokens + the bonus token go to the requests; the automata were extended
-     with exactly those tokens inside the step, which also produced the next drafts.
+  6. `_dispatch`: forward + verify in one jitted call (`_prefill` does the forward of prompt
+     chunks); KV rollback is a length reset.
+  7. `_read` + `_commit`: the step's outputs in one transfer; accepted tokens + the bonus token
+     go to the requests; the automata were extended with exactly those tokens inside the step,
+     which also produced the next drafts.
   8. `_feed_gate`: the acceptance gate sees the batch's pooled rate (accepted / really drafted).
 
 K = 0 is plain decoding through the same machinery. The host is the source of truth for sequence
@@ -25,6 +26,18 @@ one go, cheaper than a device array per field.
 
 A finished request leaves the executor at once: its last `TokenEvent` carries it (`result`), so
 nothing piles up however the executor is driven.
+
+The overlap scheduler (TensorRT-LLM's): reading a step's outputs makes the host wait for the
+device, and planning the next step after that leaves the device idle (3.5 ms of device time per
+SmolLM2 step on an H200 became 6.7 ms that way). So while the batch does not change and its drafts
+come from the device (plain decoding; the automata at a fixed K), the host dispatches the next
+step before it reads the one in flight, whose outputs give the next one its last tokens and
+lengths on the device (`_chain`), and commits the one in flight while the device runs the next:
+the host works one step behind. A request that a stop token ends has its row of the next step
+discarded; its pages and automaton slot are reused only after that step was read (a change of
+batch drains the step in flight first), and the device runs the steps in order anyway: every call
+takes the state the one before returned. Everything else runs synchronously, each step read in
+the iteration that dispatched it.
 """
 
 from collections.abc import Sequence
@@ -102,6 +115,17 @@ class _Plan:
     decide_seconds: float      # the K decision and the gates alone
 
 
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched decode step whose outputs the host has not read yet."""
+
+    plan: _Plan
+    out: step_lib.StepOutputs  # device arrays
+    key: tuple                 # the compile ledger's key of its program
+    dispatched: float          # when its dispatch began
+    compiled: bool             # the dispatch traced (compiled) the step
+
+
 def model_key(model, kv_dtype=None) -> str:
     """Names what a step costs for its step-cost file: the architecture, size and dtypes of the
     weights and KV pages (not the weights' values). `kv_dtype` None: the model's dtype."""
@@ -133,6 +157,11 @@ class Executor:
         have as many KV heads as the mesh needs (`Engine` repeats them).
       record_top2: keep, per output token, the target's two best logits and the verify window
         it came from (`Request.top2`, `Request.windows`), for the greedy-equivalence report.
+      overlap: dispatch a step before reading the one in flight when the batch does not change
+        and its drafts come from the device (module docstring); False: every step is read in
+        the iteration that dispatched it. Outputs are the same either way.
+      numerics: "fast" or "exact": how every forward computes its rows
+        (`jaxspec.device.kv_cache.CacheView.numerics`; `Engine` resolves the default).
 
     Raises:
       ValueError: a capacity the model or the device cannot hold (`jaxspec.host.capacity`).
@@ -144,8 +173,10 @@ class Executor:
                  enhancer: config_lib.SAEnhancerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 kv_dtype=None, record_top2: bool = False, mesh=None):
+                 kv_dtype=None, record_top2: bool = False, mesh=None, overlap: bool = True,
+                 numerics: str = "fast"):
         self.config = scheduler_config
+        self.numerics = numerics
         self.record_top2 = record_top2
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
                                          enhancer=enhancer)
@@ -212,9 +243,14 @@ class Executor:
         automata = self.slots.new_state() if self.slots else None
         self.state = self._placed(step_lib.init_state(kv, automata, draft_len=max_k))
         self.implementation = implementation
-        self._configs: dict[tuple[int, bool], step_lib.StepConfig] = {}
+        self._configs: dict[tuple[int, bool, bool], step_lib.StepConfig] = {}
         self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
+        self.overlap = overlap
+        # Host drafters, adaptive K and the gates decide each step from the last one's outputs.
+        p = self.policy
+        self._overlappable = p.source in ("none", "sa") and not p.adaptive and self.gate is None
+        self._inflight: _InFlight | None = None
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
 
@@ -229,10 +265,11 @@ class Executor:
         """Per-row step inputs, split over the mesh's data shards (as they are without one)."""
         return tree if self.mesh is None else sharding.place_rows(self.mesh, tree)
 
-    def _step_config(self, k: int, greedy_only: bool) -> step_lib.StepConfig:
-        """One config object per (K, greedy), the same as every other executor's equal one
-        (`step.canonical`): jit finds its compiled step by identity."""
-        key = (k, greedy_only)
+    def _step_config(self, k: int, greedy_only: bool,
+                     chained: bool = False) -> step_lib.StepConfig:
+        """One config object per (K, greedy, chained), the same as every other executor's equal
+        one (`step.canonical`): jit finds its compiled step by identity."""
+        key = (k, greedy_only, chained)
         if key not in self._configs:
             p = self.policy
             self._configs[key] = step_lib.canonical(step_lib.StepConfig(
@@ -241,7 +278,7 @@ class Executor:
                 sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
-                implementation=self.implementation, mesh=self.mesh))
+                implementation=self.implementation, mesh=self.mesh, chained=chained))
         return self._configs[key]
 
     # ------------------------------------------------------------------ requests
@@ -311,27 +348,34 @@ class Executor:
     # ------------------------------------------------------------------ the iteration
 
     def step(self) -> list[TokenEvent]:
-        """One iteration. Returns the tokens every request committed in it."""
+        """One iteration. Returns the tokens every request committed in it: with the overlap
+        scheduler, those of the step dispatched one iteration before."""
         start = time.perf_counter()
         traces = sum(step_lib.trace_count(name) for name in ENTRY_POINTS)
         generated = self.stats.generated_tokens
-        # 1. Draft length for the placeholders, from the active requests.
-        k = self._draft_len(self.scheduler.num_active)
-        # 2. Batch gate: schedule -> acceptance gate -> capacity.
-        cap = self._batch_gate(k)
-        # 3-4. Placeholders of 1 + K tokens per decoding request, then prompt chunks.
-        batch = self.scheduler.schedule(tokens_per_decode=1 + min(k, cap))
-        # 5. The decode batch's rows and K, its drafts and its KV pages.
-        plan = self._plan(batch, cap) if batch.decode else None
-        # 6. Forward: prompt chunks (their first tokens committed at once), then the decode batch.
-        events = self._prefill(batch.prefill) if batch.prefill else []
-        if plan is not None:
-            out = self._run(plan)
-            # 7. Commit.
-            decoded, pairs = self._commit(plan, out)
-            events += decoded
-            # 8. The acceptance gate.
-            self._feed_gate(pairs)
+        if self._chains():
+            # 5-8, the host one step behind: the next step is dispatched, then the one in
+            # flight is read and committed.
+            events = self._chain()
+        else:
+            events = self._drain()
+            # 1. Draft length for the placeholders, from the active requests.
+            k = self._draft_len(self.scheduler.num_active)
+            # 2. Batch gate: schedule -> acceptance gate -> capacity.
+            cap = self._batch_gate(k)
+            # 3-4. Placeholders of 1 + K tokens per decoding request, then prompt chunks.
+            batch = self.scheduler.schedule(tokens_per_decode=1 + min(k, cap))
+            # 5. The decode batch's rows and K, its drafts and its KV pages.
+            plan = self._plan(batch, cap) if batch.decode else None
+            # 6. Forward: prompt chunks (their first tokens committed at once), then the decode
+            # batch.
+            events += self._prefill(batch.prefill) if batch.prefill else []
+            if plan is not None:
+                self._inflight = self._dispatch(plan)
+                # 7-8. Commit and feed the acceptance gate, unless the next iteration can
+                # dispatch the next step first.
+                if not self._chains():
+                    events += self._drain()
         compiled = sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces
         self.stats.record_iteration(time.perf_counter() - start,
                                     self.stats.generated_tokens - generated, compiled)
@@ -356,13 +400,17 @@ class Executor:
             max(self.scheduler.num_active, 1), cfg.max_batch_size, cfg.max_num_tokens, k)
         return cap if allowed else 0
 
+    def _bucket_k(self, rows: int, num_requests: int, prefill_tokens: int, cap: int) -> int:
+        """One K per compiled bucket, within the budget the prompt chunks left and the gate's
+        cap."""
+        fits = (self.config.max_num_tokens - prefill_tokens) // num_requests - 1
+        return max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
+
     def _plan(self, batch: scheduler_lib.ScheduledBatch, cap: int) -> _Plan:
         start = time.perf_counter()
         reqs = batch.decode
         rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
-        # One K per compiled bucket, within the budget the prompt chunks left and the gate's cap.
-        fits = (self.config.max_num_tokens - batch.num_tokens) // len(reqs) - 1
-        k = max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
+        k = self._bucket_k(rows, len(reqs), batch.num_tokens, cap)
         allowed = k
         if self.policy.adaptive:
             rows = self._compiled_rows(reqs, rows)
@@ -523,9 +571,9 @@ class Executor:
         return 0 if self.compiles.worth_compiling(self._program(0, reqs, rows), lost,
                                                   left) else ready[0]
 
-    def _program(self, k: int, reqs, rows: int):
+    def _program(self, k: int, reqs, rows: int, chained: bool = False):
         """The compile ledger's key of the step that runs `reqs` at width `k` on `rows` rows."""
-        return self._step_config(k, all(r.params.greedy for r in reqs)), rows
+        return self._step_config(k, all(r.params.greedy for r in reqs), chained), rows
 
     def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
         gate = self._request_gates.get(request.request_id)
@@ -567,7 +615,8 @@ class Executor:
         return kv_cache.CacheView(page_table=table,
                                   lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
                                   num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
-                                  implementation=self.implementation, mesh=self.mesh)
+                                  implementation=self.implementation, mesh=self.mesh,
+                                  numerics=self.numerics)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first
@@ -606,25 +655,97 @@ class Executor:
         self.stats.prefill_time += time.perf_counter() - start
         return events
 
-    def _run(self, plan: _Plan) -> step_lib.StepOutputs:
+    def _dispatch(self, plan: _Plan, previous: step_lib.StepOutputs | None = None) -> _InFlight:
+        """Starts the plan's step on the device; `previous`: the unread outputs of the step
+        before it (same rows), which give it its last tokens and lengths (a chained step)."""
         reqs, pad = plan.requests, plan.rows - len(plan.requests)
         view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs))
+        last = [0] * len(reqs) if previous is not None else [r.output[-1] for r in reqs]
         inputs = step_lib.StepInputs(
-            last_tokens=np.asarray([r.output[-1] for r in reqs] + [0] * pad, np.int32),
+            last_tokens=np.asarray(last + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
-            sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots)
-        key = self._program(plan.k, reqs, plan.rows)
-        cfg = key[0]
+            sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots,
+            previous=None if previous is None else (previous.new_tokens,
+                                                    previous.num_new_tokens))
+        key = self._program(plan.k, reqs, plan.rows, chained=previous is not None)
         traces = step_lib.trace_count("step")
         start = time.perf_counter()
-        self.state, out = step_lib.step(self.params, self.state, self._rows(inputs), cfg=cfg)
-        out = sharding.to_host(out)
-        seconds = time.perf_counter() - start
-        compiled = step_lib.trace_count("step") != traces
-        self.compiles.ran(key, seconds if compiled else None)
-        if self.costs is not None and not compiled:
-            self.costs.observe(plan.rows, plan.k, max(r.num_cached for r in reqs) + 1, seconds)
-        return out
+        self.state, out = step_lib.step(self.params, self.state, self._rows(inputs), cfg=key[0])
+        return _InFlight(plan=plan, out=out, key=key, dispatched=start,
+                         compiled=step_lib.trace_count("step") != traces)
+
+    def _read(self, step: _InFlight) -> tuple[list[TokenEvent], float]:
+        """Steps 7-8 of a dispatched step: reads its outputs (one transfer), commits them and
+        feeds the gate. Returns the events and when the outputs arrived."""
+        out = sharding.to_host(step.out)
+        arrived = time.perf_counter()
+        seconds = arrived - step.dispatched
+        self.compiles.ran(step.key, seconds if step.compiled else None)
+        if self.costs is not None and not step.compiled:
+            # Adaptive K never overlaps: its steps are read right after their dispatch, so the
+            # time is the step's own, as the cost model expects.
+            reqs = step.plan.requests
+            self.costs.observe(step.plan.rows, step.plan.k,
+                               max(r.num_cached for r in reqs) + 1, seconds)
+        events, pairs = self._commit(step.plan, out)
+        self._feed_gate(pairs)
+        return events, arrived
+
+    def _drain(self) -> list[TokenEvent]:
+        """Reads and commits the step in flight, if there is one."""
+        if self._inflight is None:
+            return []
+        step, self._inflight = self._inflight, None
+        return self._read(step)[0]
+
+    def _chains(self) -> bool:
+        """Whether the next step can be dispatched before the one in flight is read: the same
+        requests in the same rows, nothing else to schedule, drafts made on the device at an
+        unchanged K, and no request the step in flight may end by its length. A stop token
+        costs the next step's row of its request, discarded; the length limit is known ahead,
+        and a next step past it could also write KV beyond the pages reserved for the request."""
+        step = self._inflight
+        if not (self.overlap and self._overlappable and step is not None):
+            return False
+        reqs, k, s = step.plan.requests, step.plan.k, self.scheduler
+        if len(s.running) != len(reqs) or any(r.finished for r in reqs):
+            return False            # a request left, or one is prefilling
+        if s.waiting and len(s.running) < self.config.max_batch_size:
+            return False            # one may join (a full batch keeps the queue waiting)
+        if any(r.params.max_new_tokens - len(r.output) <= 1 + k for r in reqs):
+            return False
+        if self.policy.source == "none":
+            return True
+        # The automata chain at the K their batch last had, above 0: while no row drafts, a step
+        # is planned from the last one's outputs, which say whether it found drafts. The drafts
+        # of the step in flight stand in for those it is making (the device caps the lengths).
+        n = len(reqs)
+        placeholder = self._draft_len(n)
+        cap = self._batch_gate(placeholder)
+        return (k > 0 and any(r.next_draft_len for r in reqs)
+                and n * (1 + min(placeholder, cap)) <= self.config.max_num_tokens
+                and self._bucket_k(step.plan.rows, n, 0, cap) == k)
+
+    def _chain(self) -> list[TokenEvent]:
+        """Dispatches the next step of the batch in flight, then reads and commits the step in
+        flight while the device runs the next one."""
+        start = time.perf_counter()
+        step = self._inflight
+        plan = step.plan
+        for r in plan.requests:
+            # Pages for what the step in flight and the next one may write.
+            r.pages.ensure(r.num_cached + 2 * (1 + plan.k))
+        lens = np.zeros_like(plan.draft_lens)
+        lens[:len(plan.requests)] = plan.k          # capped on the device (automata: admitted)
+        plan = dataclasses.replace(plan, draft_lens=lens, matches=np.zeros_like(plan.matches),
+                                   start=start, draft_seconds=time.perf_counter() - start,
+                                   decide_seconds=0.0)
+        self._inflight = self._dispatch(plan, previous=step.out)
+        events, arrived = self._read(step)
+        # The device ran the step in flight until its outputs arrived: this one's time (stats)
+        # counts from then.
+        plan.start = arrived
+        return events
 
     def _commit(self, plan: _Plan, out: step_lib.StepOutputs):
         """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
@@ -637,6 +758,10 @@ class Executor:
                                out.num_new_tokens[:len(reqs)])
         events, pairs, kept = [], [], []
         for i, r in enumerate(reqs):
+            if r.finished:
+                # It ended after this step was dispatched (at the step before, or cancelled):
+                # nothing of this step is its.
+                continue
             n = int(out.num_new_tokens[i])
             drafted = int(out.draft_lens[i])
             if drafted:
@@ -658,9 +783,10 @@ class Executor:
             self.stats.generated_tokens += len(taken)
             result = self._finish(r, r.finish_reason) if r.finish_reason else None
             events.append(TokenEvent(r.request_id, tuple(taken), result))
-        self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
-                               time.perf_counter() - plan.start, plan.draft_seconds,
-                               plan.decide_seconds)
+        if kept:
+            self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
+                                   time.perf_counter() - plan.start, plan.draft_seconds,
+                                   plan.decide_seconds)
         return events, pairs
 
     def _learn(self, request: requests_lib.Request, match_len: int, drafted: int, accepted: int):

@@ -131,6 +131,7 @@ def _shrinking_run(model):
     """8 requests ending at different times; per iteration: decode (rows, K) and the traces of
     (step, prefill, prime_drafts) since the run began."""
     executor = engine_lib.Engine(model, spec=SPEC, scheduler=CONFIG).executor
+    executor.overlap = False        # each iteration commits the step it ran
     batch = prompts(1, [3, 16, 7, 12, 5, 9, 14, 4])
     ids = [add(executor, p, n) for p, n in zip(batch, [2, 5, 9, 14, 19, 24, 30, 40], strict=True)]
     trace, done = [], {}
@@ -152,9 +153,10 @@ def test_k_follows_the_schedule_as_the_batch_shrinks(shrinking_run, tiny_lm, unc
     executor, batch, outputs, trace = shrinking_run
     decoded = [d for d, *_ in trace if d is not None]
     assert executor.batch_buckets == (1, 2, 4, 6, 8)
-    # The first step has no draft yet (each prompt ends in a token the tiny model just made up,
-    # so no suffix repeats): it runs plain. Every later step drafts, with the schedule's K.
-    assert decoded[0] == (8, 0)
+    # The first step drafts only if a prompt's first generated token already continues a suffix
+    # seen in the pool (it depends on the random weights): plain, or the schedule's K. Every later
+    # step drafts, with the schedule's K.
+    assert decoded[0] in ((8, 0), (8, schedule_lib.draft_len_for_batch_size(SCHEDULE, 8, 3)))
     for rows, k in decoded[1:]:
         assert k == schedule_lib.draft_len_for_batch_size(SCHEDULE, rows, 3), (rows, k)
     # As the batch shrank through the buckets, K took every value of the schedule, in order.
