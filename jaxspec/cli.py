@@ -43,6 +43,10 @@ def _add_generate(sub):
     p.add_argument("--mesh", default=None, metavar="data=D,model=M",
                    help="run over D x M devices: batch rows over data, weights and KV heads "
                         "over model")
+    p.add_argument("--numerics", choices=("exact", "fast"), default=None,
+                   help="exact: speculative greedy output is bit for bit plain greedy output, "
+                        "whatever the batch; fast: XLA's own choices (default: exact on GPU, "
+                        "fast on CPU)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="concurrent requests (default: the number of prompts, at most 8, rounded "
                         "up to a multiple of the mesh's data size); AUTO picks its draft "
@@ -183,7 +187,7 @@ def _generate(args) -> int:
         batch = -(-batch // data) * data            # every data shard gets its rows
     engine = engine_lib.Engine.load(
         args.model, spec=spec, dtype=args.dtype, kv_dtype=args.kv_dtype, mesh=mesh,
-        scheduler=scheduler_lib.SchedulerConfig(max_batch_size=batch,
+        numerics=args.numerics, scheduler=scheduler_lib.SchedulerConfig(max_batch_size=batch,
                                                 max_seq_len=args.max_seq_len))
     chat = not args.raw
     if args.json or len(prompts) > 1:

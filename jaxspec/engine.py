@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 import dataclasses
 
+import jax
+
 from jaxspec import config as config_lib
 from jaxspec.device import sharding
 from jaxspec.host import cost_model as cost_model_lib
@@ -75,6 +77,24 @@ class BatchResult:
     stats: dict
 
 
+NUMERICS = ("exact", "fast")
+
+
+def resolve_numerics(numerics: str | None, mesh=None) -> str:
+    """The numerics an engine runs with (`Engine`'s argument of that name).
+
+    Raises:
+      ValueError: an unknown name, or "exact" with a mesh.
+    """
+    if numerics is not None and numerics not in NUMERICS:
+        raise ValueError(f"numerics must be one of {NUMERICS} or None, got {numerics!r}")
+    if numerics is None:
+        return "exact" if jax.default_backend() == "gpu" and mesh is None else "fast"
+    if numerics == "exact" and mesh is not None:
+        raise ValueError("numerics='exact' runs on one device: drop the mesh or use 'fast'")
+    return numerics
+
+
 class Engine:
     """Continuous-batching generation with model-free speculation.
 
@@ -101,10 +121,17 @@ class Engine:
         "model"))`): weights and KV heads split over `model`, batch rows over `data`
         (`jaxspec.device.sharding`); the model's KV heads are repeated first when `model`
         exceeds them. None: the default device.
+      numerics: "exact": every row is computed the same way whatever the rows beside it
+        (row-invariant linear layers and attention: `jaxspec.device.linear`,
+        `jaxspec.device.causal_attention`), so greedy output with speculation is bit for bit
+        plain greedy output, and a request's output does not depend on its batch-mates; "fast":
+        XLA's own choices, which can flip a near-tie between a plain and a verify step. None:
+        "exact" on a GPU, "fast" elsewhere and on a mesh (exact mode runs on one device).
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
       TypeError: an unknown spec, or an enhancer without a host drafter.
+      ValueError: an unknown numerics, or "exact" on a mesh.
     """
 
     def __init__(self, model, tokenizer=None, *, spec="auto",
@@ -112,7 +139,9 @@ class Engine:
                  scheduler: scheduler_lib.SchedulerConfig | None = None,
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
-                 dtype=None, kv_dtype=None, record_top2: bool = False, mesh=None):
+                 dtype=None, kv_dtype=None, record_top2: bool = False, mesh=None,
+                 numerics: str | None = None):
+        self.numerics = resolve_numerics(numerics, mesh)
         model = model if dtype is None else precision.cast(model, dtype)
         scheduler = scheduler or scheduler_lib.SchedulerConfig()
         if mesh is not None:
@@ -162,7 +191,8 @@ class Engine:
         self._executor = executor_lib.Executor(
             self.model, scheduler_config=self.scheduler_config, spec=spec, enhancer=enhancer,
             implementation=self.implementation, cost_model=self.cost_model,
-            kv_dtype=self.kv_dtype, record_top2=self.record_top2, mesh=self.mesh)
+            kv_dtype=self.kv_dtype, record_top2=self.record_top2, mesh=self.mesh,
+            numerics=self.numerics)
 
     @property
     def executor(self) -> executor_lib.Executor:
