@@ -53,6 +53,27 @@ def _dot(a, b, *, trans_b: bool = False):
                            preferred_element_type=jnp.float32)
 
 
+def _load_block(k_pages_ref, v_pages_ref, page_table_ref, *, layer, row, head, block,
+                pages_per_block: int, readable_below):
+    """Block `block` of `pages_per_block` pages of a row's keys and values for one KV head, as
+    f32 [block_k, D] each, and the positions they hold [block_k]. Slots at or past
+    `readable_below` are never read (zeros): pages past a row's end hold garbage (page 0) or
+    stale slots, and even NaNs there cannot reach the sums."""
+    _, num_pages, page_size, _, head_dim = k_pages_ref.shape
+    table_width = page_table_ref.shape[1]
+    offsets = jnp.arange(pages_per_block * page_size, dtype=jnp.int32)
+    pos = block * pages_per_block * page_size + offsets
+    col = jnp.minimum(block * pages_per_block + offsets // page_size, table_width - 1)
+    page = jnp.clip(page_table_ref[row, col], 0, num_pages - 1)
+    # Array indices on every gathered dim (the interpreter's masked load takes no slices).
+    dims = jnp.arange(head_dim, dtype=jnp.int32)
+    index = (layer, page[:, None], (offsets % page_size)[:, None], head, dims[None, :])
+    readable = (pos < readable_below)[:, None]
+    k = plgpu.load(k_pages_ref.at[index], mask=readable, other=0.0)
+    v = plgpu.load(v_pages_ref.at[index], mask=readable, other=0.0)
+    return pos, k.astype(jnp.float32), v.astype(jnp.float32)
+
+
 def _cached_attention_kernel(
     # inputs
     layer_ref,        # i32[1]
@@ -68,42 +89,30 @@ def _cached_attention_kernel(
     *, pages_per_block: int, num_splits: int,
 ):
     row, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    _, num_pages, page_size, _, head_dim = k_pages_ref.shape
-    table_width = page_table_ref.shape[1]
+    page_size = k_pages_ref.shape[2]
     block_k = pages_per_block * page_size
-    layer = layer_ref[0]
     q = q_ref[row, head, :, :]                                              # [Qp, D]
     # A length past the table can only be read up to the table's end, as in the reference.
-    length = jnp.clip(lengths_ref[row], 0, table_width * page_size)
+    length = jnp.clip(lengths_ref[row], 0, page_table_ref.shape[1] * page_size)
     live_blocks = pl.cdiv(length, block_k)
     per_split = pl.cdiv(live_blocks, num_splits)
     first = jnp.minimum(split * per_split, live_blocks)
     last = jnp.minimum(first + per_split, live_blocks)
-    offsets = jnp.arange(block_k, dtype=jnp.int32)                          # [block_k]
-    dims = jnp.arange(head_dim, dtype=jnp.int32)                            # [D]
 
     def body(block, carry):
         acc, m_i, l_i = carry
-        pos = block * block_k + offsets                                     # [block_k]
-        valid = pos < length
-        col = jnp.minimum(block * pages_per_block + offsets // page_size, table_width - 1)
-        page = page_table_ref[row, col]                                     # [block_k]
-        # Pages past the length hold garbage (page 0) or stale slots: masked loads never read
-        # them, so even NaNs there cannot reach the sums.
-        page = jnp.clip(page, 0, num_pages - 1)
-        # Array indices on every gathered dim (the interpreter's masked load takes no slices).
-        index = (layer, page[:, None], (offsets % page_size)[:, None], head, dims[None, :])
-        k = plgpu.load(k_pages_ref.at[index], mask=valid[:, None], other=0.0)  # [block_k, D]
-        v = plgpu.load(v_pages_ref.at[index], mask=valid[:, None], other=0.0)
-        scores = _dot(q, k.astype(jnp.float32), trans_b=True)               # [Qp, block_k]
-        scores = jnp.where(valid[None, :], scores, MASK_VALUE)
+        pos, k, v = _load_block(k_pages_ref, v_pages_ref, page_table_ref, layer=layer_ref[0],
+                                row=row, head=head, block=block,
+                                pages_per_block=pages_per_block, readable_below=length)
+        scores = _dot(q, k, trans_b=True)                                   # [Qp, block_k]
+        scores = jnp.where((pos < length)[None, :], scores, MASK_VALUE)
         m_next = jnp.maximum(m_i, scores.max(axis=1))
         # Every block holds at least one live key, so m_next is a real score: both exps below
         # are exactly 0 where masked (and for the initial m = MASK_VALUE).
         correction = jnp.exp(m_i - m_next)
         p = jnp.exp(scores - m_next[:, None])
         l_i = correction * l_i + p.sum(axis=1)
-        acc = correction[:, None] * acc + _dot(p, v.astype(jnp.float32))
+        acc = correction[:, None] * acc + _dot(p, v)
         return acc, m_next, l_i
 
     acc = jnp.zeros(q.shape, jnp.float32)
@@ -278,10 +287,8 @@ def _causal_attention_kernel(
 ):
     row, head = pl.program_id(0), pl.program_id(1)
     tile, split = pl.program_id(2), pl.program_id(3)
-    _, num_pages, page_size, _, head_dim = k_pages_ref.shape
-    table_width = page_table_ref.shape[1]
+    page_size, head_dim = k_pages_ref.shape[2], k_pages_ref.shape[4]
     block_k = pages_per_block * page_size
-    layer = layer_ref[0]
     queries = pl.ds(tile * QUERY_TILE, QUERY_TILE)
     q = q_ref[row, head, queries, :]                                        # [QT, D]
     # Query r of a KV head is new token r % T, at position length + r % T: it sees the keys
@@ -289,30 +296,24 @@ def _causal_attention_kernel(
     r = tile * QUERY_TILE + jnp.arange(QUERY_TILE, dtype=jnp.int32)
     cached = lengths_ref[row]
     limit = jnp.where(r < num_queries, cached + r % num_new + 1, 0)       # [QT]
-    row_limit = jnp.minimum(cached + num_new, table_width * page_size)
+    row_limit = jnp.minimum(cached + num_new, page_table_ref.shape[1] * page_size)
     first = split * blocks_per_split
     last = jnp.minimum(first + blocks_per_split, pl.cdiv(row_limit, block_k))
-    offsets = jnp.arange(block_k, dtype=jnp.int32)
-    dims = jnp.arange(head_dim, dtype=jnp.int32)
 
     def body(block, carry):
         acc, m_i, l_i = carry
-        pos = block * block_k + offsets                                     # [block_k]
-        readable = pos < row_limit
-        col = jnp.minimum(block * pages_per_block + offsets // page_size, table_width - 1)
-        page = jnp.clip(page_table_ref[row, col], 0, num_pages - 1)
-        index = (layer, page[:, None], (offsets % page_size)[:, None], head, dims[None, :])
-        k = plgpu.load(k_pages_ref.at[index], mask=readable[:, None], other=0.0)
-        v = plgpu.load(v_pages_ref.at[index], mask=readable[:, None], other=0.0)
+        pos, k, v = _load_block(k_pages_ref, v_pages_ref, page_table_ref, layer=layer_ref[0],
+                                row=row, head=head, block=block,
+                                pages_per_block=pages_per_block, readable_below=row_limit)
         visible = pos[None, :] < limit[:, None]                             # [QT, block_k]
-        scores = jnp.where(visible, _dot(q, k.astype(jnp.float32), trans_b=True), MASK_VALUE)
+        scores = jnp.where(visible, _dot(q, k, trans_b=True), MASK_VALUE)
         m_next = jnp.maximum(m_i, scores.max(axis=1))
         # Masked keys weigh exp(MASK - m) = 0 beside any real score: a block past a query's
         # last key leaves its (acc, m, l) exactly as they were.
         correction = jnp.exp(m_i - m_next)
         p = jnp.where(visible, jnp.exp(scores - m_next[:, None]), 0.0)
         l_i = correction * l_i + p.sum(axis=1)
-        acc = correction[:, None] * acc + _dot(p, v.astype(jnp.float32))
+        acc = correction[:, None] * acc + _dot(p, v)
         return acc, m_next, l_i
 
     acc = jnp.zeros((QUERY_TILE, head_dim), jnp.float32)
