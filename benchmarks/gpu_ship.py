@@ -26,24 +26,26 @@ be fetched there, and one call carries 64 MiB at most, the working tree included
    model, the profile section first (`gpu_check.SECTIONS` less `gpu_check.MODEL_SECTIONS`).
    Call 2 carries part B and must be sent AT ONCE when call 1 returns (a warm machine goes back
    after 30 s idle): it joins the halves in /tmp/model, checks the sha256 and runs the model
-   sections (engine at batch 1, then hf) with `--gguf`. If part A is not in /tmp (the machine went
-   back and this is a fresh one) or the joined file fails its checksum, it says so and runs the
-   sections that need no model instead. Give the machine back (`give_back`) when call 2 returns:
-   idle time counts.
+   sections (engine at batch 1, divergence, then hf) with `--gguf`. If part A is not in /tmp
+   (the machine went back and this is a fresh one) or the joined file fails its checksum, it
+   says so and runs the sections that need no model instead. Give the machine back
+   (`give_back`) when call 2 returns: idle time counts.
 
-The plan, in device seconds (timings of the runs of 2026-12-04 on an H200; 15 minutes a session):
+The plan, in device seconds (measured on an H200 on 2026-12-04, the device tool's start-up and
+transfers included; 15 minutes a session):
 
-    start-up                                                      ~35
-    call 1  transfer and install ~10, imports ~10; profile ~100   ~170  (--budget-s 150: the step
-            (8 keys of ~12 s), step ~50 (4-5 keys of ~11 s)             section fills what the
-            until the budget is spent; kernels, attention,              profile leaves)
+    call 1  start-up and transfer ~30, install ~10, imports ~10;   ~130  (--budget-s 80: the step
+            profile ~75 (6 keys of ~12 s), then the step grid             section fills what the
+            until the budget is spent; kernels, attention,                profile leaves)
             sa_timing and mesh are skipped for time
-    between the calls (the caller's turn)                         <30
-    call 2  transfer and install ~10, join + sha256 ~2, imports   ~130  (--budget-s 150, a cap:
-            ~10; engine ~70 (GGUF conversion, compiles, 8                 sections end when done)
-            prompts x 128 tokens, plain and SA x 3 passes);
-            hf ~40 (torch, HF's GGUF load, prompt lookup ~6,
-            greedy ~20)
+    between the calls (the caller's turn)                         <10
+    call 2  transfer and install ~10, join + sha256 ~2, imports   ~210  (--budget-s 200, a cap:
+            ~10; engine ~60 (GGUF conversion, compiles, 8                  sections end when done)
+            prompts x 128 tokens, plain and SA, a warm and a
+            timed pass); divergence ~50 (exact numerics,
+            float32 and bfloat16, 2 prompts x 64 positions); hf
+            ~80 (torch, HF's GGUF load ~37, prompt lookup,
+            greedy)
                                                                   ~6 min in all, ~10 at most
 
 Both calls' `timeout_s` bound a hang (budget + `TIMEOUT_MARGIN_S`), so a failed pair still leaves
@@ -81,9 +83,10 @@ DEVICE_TMP = "/tmp"                # where the install and the model halves live
 MODEL_DIR = ".model"               # the model's halves here (in .gitignore)
 PARTS = ("part-a", "part-b")
 MANIFEST = "manifest.json"
-FIRST_BUDGET_S = 150               # see the plan in the module doc
-SECOND_BUDGET_S = 150
-SECOND_ARGS = "--engine-batches 1"          # batch 8 alone would take the second call's budget
+FIRST_BUDGET_S = 80                # see the plan in the module doc
+SECOND_BUDGET_S = 200
+# Batch 8 alone would take the second call's budget; fast numerics' divergence is measured on CPU.
+SECOND_ARGS = "--engine-batches 1 --divergence-numerics exact"
 TIMEOUT_MARGIN_S = 120             # install, imports, the unit running when the budget ends
 # pyproject.toml's [tool.setuptools.package-dir], parents first (a test keeps them equal).
 PACKAGE_DIRS = {"jaxspec": "jaxspec", "jaxspec.models": "models",

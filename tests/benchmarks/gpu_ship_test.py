@@ -85,7 +85,7 @@ def test_the_two_calls():
     assert (f"--sections {','.join(plain)} --budget-s {gpu_ship.FIRST_BUDGET_S} --seed 3"
             in first.command)
     assert f"echo '{'0' * 64}  /tmp/model/{manifest['name']}' | sha256sum -c -" in second.command
-    assert f"--sections {','.join(with_model)} --engine-batches 1'" in second.command
+    assert f"--sections {','.join(with_model)} {gpu_ship.SECOND_ARGS}'" in second.command
     assert f"--budget-s {gpu_ship.SECOND_BUDGET_S} --seed 3" in second.command
     assert plain[0] == "profile" and {"engine", "hf"} <= set(with_model)
     assert sorted(plain + with_model) == sorted(gpu_check.SECTIONS)
@@ -136,7 +136,7 @@ def test_calls_stage_join_and_check_the_model(tmp_path, device):
     assert joined.read_bytes() == source.read_bytes()
     assert f"{joined}: OK" in proc.stdout
     _, with_model = gpu_ship.sections()
-    assert (f"--gguf {joined} --sections {','.join(with_model)} --engine-batches 1 "
+    assert (f"--gguf {joined} --sections {','.join(with_model)} {gpu_ship.SECOND_ARGS} "
             f"--budget-s {gpu_ship.SECOND_BUDGET_S}" in check)
 
 
