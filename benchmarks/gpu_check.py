@@ -283,7 +283,8 @@ def _hf_lines(section: dict, engine: dict, packages: dict) -> list[str]:
     methods = section["methods"]
     names = {"greedy": "HF greedy", "prompt_lookup": f"HF prompt lookup K={section['k']}"}
     lines = ["", f"transformers {packages.get('transformers') or '?'} / torch "
-             f"{packages.get('torch') or '?'} on {section['runtime']}, {section['model']}, "
+             f"{packages.get('torch') or '?'} on {section['runtime']}, "
+             f"{pathlib.Path(section['model']).name}, "
              f"{section['workload']}: {section['dtype']} (matmul precision "
              f"{section['matmul_precision']}), batch 1, {section['prompts']} prompts, at most "
              f"{section['max_new_tokens']} new tokens, one timed pass after a warm-up.", "",
@@ -362,7 +363,10 @@ def markdown(results: dict) -> str:
                       "in brackets the ratio to K=0.", ""]
             lines += _step_tables(section)
         if name == "engine" and section.get("batches"):
-            lines += ["", f"{section['model']}, {section['workload']}.", "",
+            lines += ["", f"{pathlib.Path(section['model']).name}, {section['workload']}: a "
+                      "fresh engine per pass over the prompts, in a process warmed by one untimed "
+                      "pass of each method (its compiles are not in the figures; "
+                      "`benchmarks.harness`).", "",
                       "| batch | prompts | new tokens | plain tok/s | SA tok/s | speedup "
                       "| mean acceptance length | plain / SA step (ms) | mismatches |",
                       "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -496,6 +500,20 @@ def merged(runs: list[dict]) -> dict:
                 commands=[r["meta"]["argv"] for r in runs])
 
 
+def portable(argv: list[str]) -> list[str]:
+    """A device run's arguments as anyone would type them: `--out` the device's `$OUT`, `--gguf`
+    the model's file name (gpu_ship joins it under a folder of the device's own), other paths
+    relative to the checkout."""
+    from benchmarks import report
+
+    out = []
+    for i, arg in enumerate(argv):
+        flag = argv[i - 1] if i else ""
+        out.append("$OUT" if flag == "--out" else pathlib.Path(arg).name if flag == "--gguf"
+                   else report.checkout_relative(arg))
+    return out
+
+
 def record(paths: pathlib.Path | list[pathlib.Path], benchmarks_md: pathlib.Path | None = None
            ) -> int:
     """Writes GPU runs' Markdown into BENCHMARKS.md's GPU section (or `benchmarks_md`); several
@@ -513,7 +531,7 @@ def record(paths: pathlib.Path | list[pathlib.Path], benchmarks_md: pathlib.Path
     meta = results["meta"]
     where = (f"{meta.get('gpu') or ', '.join(meta['devices'])}, driver {meta.get('driver')}, "
              f"JAX {meta['packages'].get('jax')} on gpu, Python {meta.get('python')}")
-    command = " ; ".join(" ".join(["python -m benchmarks.gpu_check", *argv])
+    command = " ; ".join(" ".join(["python -m benchmarks.gpu_check", *portable(argv)])
                          for argv in results["commands"])
     benchmarks_md = benchmarks_md or report.BENCHMARKS_MD
     report.write_section(BENCHMARKS_SECTION, markdown(results), command=command, machine=where,

@@ -140,7 +140,7 @@ def test_record_writes_a_gpu_result_with_its_machine_and_date(tmp_path):
     assert "<!-- begin:gpu_check -->" in text and "| bfloat16 | pallas | 1 | 512 | 2.00 | " \
         "2.50 (1.25x) |" in text
     assert "Skipped for time (1): float32 pallas batch 64 K=4." in text
-    assert ("Command: `python -m benchmarks.gpu_check --out /out` — 2026-12-02 10:00 UTC, "
+    assert ("Command: `python -m benchmarks.gpu_check --out $OUT` — 2026-12-02 10:00 UTC, "
             "NVIDIA H200, driver 580.1, JAX 0.11.2 on gpu, Python 3.12.3.") in text
 
 
@@ -168,7 +168,7 @@ def test_record_merges_the_two_calls_of_gpu_ship(tmp_path):
               methods=dict(prompt_lookup=dict(tokens=1000, seconds=5.0, tokens_per_s=200.0),
                            greedy=dict(tokens=1000, seconds=20.0, tokens_per_s=50.0)),
               mismatches=[dict(prompt=3, position=85)], lookup_equals_greedy=7)
-    results["meta"].update(argv=["--out", "/out", "--gguf", "m.gguf"])
+    results["meta"].update(argv=["--out", "/root/out", "--gguf", "/tmp/model/m.gguf"])
     results["sections"] = dict(hf=hf, engine=dict(status="ok", seconds=70.0, batches=[batch],
                                                    model="/tmp/model/m.gguf",
                                                    workload="code_editing"))
@@ -182,5 +182,7 @@ def test_record_merges_the_two_calls_of_gpu_ship(tmp_path):
     assert "| HF prompt lookup K=10 | 200.0 | 1000 | 5.0 |" in text
     assert "equals HF greedy on 7 of 8 prompts (differs: prompt 3 from token 85)." in text
     assert "jaxspec plain / HF greedy 3.00x, jaxspec SA / HF prompt lookup 1.75x." in text
-    assert ("Command: `python -m benchmarks.gpu_check --out /out ; python -m "
-            "benchmarks.gpu_check --out /out --gguf m.gguf`") in text
+    # The device's paths are recorded as anyone would type them: no machine's folders.
+    assert ("Command: `python -m benchmarks.gpu_check --out $OUT ; python -m "
+            "benchmarks.gpu_check --out $OUT --gguf m.gguf`") in text
+    assert "/tmp/" not in text and "/root/" not in text
