@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.device import kv_cache
+from jaxspec.device import linear
 from jaxspec.device import model as model_lib
 from jaxspec.device import ops
 
@@ -69,10 +70,7 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x):
-        scale = self.weight[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * scale).astype(x.dtype)
+        return linear.rms_scale(x, self.weight[...], self.eps)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -112,13 +110,13 @@ class DecoderLayer(nnx.Module):
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, hd = cfg.hidden_size, cfg.resolved_head_dim
         groups = cfg.num_heads // cfg.num_kv_heads
-        linear = lambda i, o: nnx.LinearGeneral(i, o, use_bias=False, rngs=rngs)  # noqa: E731
+        dense = lambda i, o: nnx.LinearGeneral(i, o, use_bias=False, rngs=rngs)  # noqa: E731
         self.input_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.qkv_proj = linear(d, (cfg.num_kv_heads, groups + 2, hd))
-        self.o_proj = linear(cfg.num_heads * hd, d)
+        self.qkv_proj = dense(d, (cfg.num_kv_heads, groups + 2, hd))
+        self.o_proj = dense(cfg.num_heads * hd, d)
         self.post_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.gate_up_proj = linear(d, (2, cfg.intermediate_size))
-        self.down_proj = linear(cfg.intermediate_size, d)
+        self.gate_up_proj = dense(d, (2, cfg.intermediate_size))
+        self.down_proj = dense(cfg.intermediate_size, d)
         self.cfg = cfg
 
     def __call__(self, x, positions, kv: kv_cache.KVPages, layer: int, view):

@@ -21,11 +21,13 @@ ROW_TILE = 16                 # the kernel's row tile (pallas_kernels/linear.py)
 
 
 def rms_scale(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """`jaxspec.models.llama.RMSNorm` in float32 on rows `x` [R, K]: the normed rows in x's
-    dtype."""
+    """RMSNorm over the last axis of `x` [..., K], in float32 whatever x's dtype, scaled by
+    `weight` [K]; returned in x's dtype. The one formula of the models' norms and of this layer's
+    (the kernel computes the same, in the same order)."""
+    scale = weight.astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (normed * weight.astype(jnp.float32)[None, :]).astype(x.dtype)
+    return (normed * scale).astype(x.dtype)
 
 
 def _tile(x, residual, w, norm_weight, *, eps: float, transpose_w: bool, out_dtype):

@@ -404,7 +404,7 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
         new_tokens=new_tokens, num_new_tokens=num_new, draft_lens=draft_lens, match_len=match_len,
         next_draft_lens=next_lens, next_match_len=next_match,
         top2=sampling.top2(logits) if cfg.top2 else None,
-        logits=logits.astype(jnp.float32) if cfg.logits else None))
+        logits=logits if cfg.logits else None))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("state",))
