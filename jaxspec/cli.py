@@ -11,10 +11,10 @@ The benchmarks live in a source checkout, not in the package: `python -m benchma
 
 import argparse
 import json
-import os
 import sys
 
 from jaxspec import engine as engine_lib
+from jaxspec.host import compiles
 
 
 def _add_generate(sub):
@@ -54,7 +54,7 @@ def _add_generate(sub):
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true",
                    help='print {"token_ids", "text", "stats"} instead of streaming')
-    p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
+    p.add_argument("--compile-cache", default=str(compiles.default_cache_dir()),
                    help="persistent XLA compilation cache directory ('' disables it)")
 
 
@@ -68,7 +68,7 @@ def _add_profile(sub):
     p.add_argument("--contexts", default="512,2048", help="cached tokens per row")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--show", action="store_true", help="print the model, measure nothing")
-    p.add_argument("--compile-cache", default=os.path.expanduser("~/.cache/jaxspec/xla"),
+    p.add_argument("--compile-cache", default=str(compiles.default_cache_dir()),
                    help="persistent XLA compilation cache directory ('' disables it)")
 
 
@@ -119,7 +119,7 @@ def _profile(args) -> int:
               else list(adaptive.widths_up_to(config_lib.ADAPTIVE_MAX_DRAFT_LEN)))
     batch_sizes = _ints(args.batch_sizes, "batch-sizes")
     contexts = _ints(args.contexts, "contexts")
-    _enable_compile_cache(args.compile_cache)
+    compiles.enable_persistent_cache(args.compile_cache)
     model, _ = models.load(args.model)
     path = cost_model.default_path(executor.model_key(model))
     costs = cost_model.StepCostModel(path)
@@ -129,16 +129,6 @@ def _profile(args) -> int:
     print(f"Step-cost model ({path}):\n")
     print(profile.format_table(costs))
     return 0
-
-
-def _enable_compile_cache(path: str):
-    if not path:
-        return
-    import jax
-
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _read_prompts(args) -> list[str]:
@@ -179,7 +169,7 @@ def _generate(args) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed)
     spec = engine_lib.spec_from_name(args.spec, args.max_draft_len)
-    _enable_compile_cache(args.compile_cache)
+    compiles.enable_persistent_cache(args.compile_cache)
     mesh = _mesh(args.mesh)
     batch = args.max_batch_size or min(len(prompts), 8)
     if mesh is not None and args.max_batch_size is None:
@@ -187,7 +177,8 @@ def _generate(args) -> int:
         batch = -(-batch // data) * data            # every data shard gets its rows
     engine = engine_lib.Engine.load(
         args.model, spec=spec, dtype=args.dtype, kv_dtype=args.kv_dtype, mesh=mesh,
-        numerics=args.numerics, scheduler=scheduler_lib.SchedulerConfig(max_batch_size=batch,
+        numerics=args.numerics, compile_cache=args.compile_cache,
+        scheduler=scheduler_lib.SchedulerConfig(max_batch_size=batch,
                                                 max_seq_len=args.max_seq_len))
     chat = not args.raw
     if args.json or len(prompts) > 1:

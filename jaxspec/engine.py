@@ -14,11 +14,13 @@ of ints is used as token ids as is. A list of prompts runs as one continuous bat
 from collections.abc import Iterator
 from collections.abc import Sequence
 import dataclasses
+import os
 
 import jax
 
 from jaxspec import config as config_lib
 from jaxspec.device import sharding
+from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import executor as executor_lib
@@ -95,6 +97,22 @@ def resolve_numerics(numerics: str | None, mesh=None) -> str:
     return numerics
 
 
+def _compile_cache(setting) -> str | None:
+    """Turns the persistent compilation cache on as `Engine(compile_cache=...)` says; returns
+    the directory in use (None: off).
+
+    Raises:
+      TypeError: a setting that is not a bool, a path or None.
+    """
+    if setting is True:
+        setting = compiles_lib.default_cache_dir()
+    elif setting is False or setting is None:
+        setting = None
+    elif not isinstance(setting, (str, os.PathLike)):
+        raise TypeError(f"compile_cache must be a bool, a path or None, got {setting!r}")
+    return compiles_lib.enable_persistent_cache(setting)
+
+
 class Engine:
     """Continuous-batching generation with model-free speculation.
 
@@ -127,10 +145,20 @@ class Engine:
         plain greedy output, and a request's output does not depend on its batch-mates; "fast":
         XLA's own choices, which can flip a near-tie between a plain and a verify step. None:
         "exact" on a GPU, "fast" elsewhere and on a mesh (exact mode runs on one device).
+      warmup: compile, in the background, the step programs the schedule runs (per batch
+        bucket: the plain step, the schedule's K and adaptive K's start width) while this
+        engine serves; a request meanwhile runs with the programs that are ready
+        (`jaxspec.host.compiles`). Prompt programs compile at their first use.
+      compile_cache: JAX's persistent compilation cache, so that a new process loads what an
+        earlier one compiled: True (the default) keeps it in `$JAXSPEC_CACHE/xla` or
+        ~/.cache/jaxspec/xla, a path keeps it there, False turns it off. A cache directory
+        this process already set (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`)
+        wins.
 
     Raises:
       ValueError: a capacity the model or the device cannot hold.
-      TypeError: an unknown spec, or an enhancer without a host drafter.
+      TypeError: an unknown spec, an enhancer without a host drafter, or a compile_cache
+        that is not a bool, a path or None.
       ValueError: an unknown numerics, or "exact" on a mesh.
     """
 
@@ -140,8 +168,9 @@ class Engine:
                  implementation: str | None = None,
                  cost_model: cost_model_lib.StepCostModel | None = None,
                  dtype=None, kv_dtype=None, record_top2: bool = False, mesh=None,
-                 numerics: str | None = None):
+                 numerics: str | None = None, warmup: bool = False, compile_cache=True):
         self.numerics = resolve_numerics(numerics, mesh)
+        self.compile_cache = _compile_cache(compile_cache)
         model = model if dtype is None else precision.cast(model, dtype)
         scheduler = scheduler or scheduler_lib.SchedulerConfig()
         if mesh is not None:
@@ -159,6 +188,7 @@ class Engine:
         self.implementation = implementation
         self.cost_model = cost_model
         self.record_top2 = record_top2
+        self.warmup = bool(warmup)
         self.last_stats: dict | None = None
         self._spec = None
         self._enhancer = None
@@ -171,6 +201,8 @@ class Engine:
         weights in `dtype` (None: float32 on CPU, bfloat16 on an accelerator)."""
         from jaxspec import models
 
+        # Before the weights load: their conversion compiles too.
+        _compile_cache(kwargs.get("compile_cache", True))
         model, tokenizer = models.load(path, dtype=dtype)
         return cls(model, tokenizer, **kwargs)
 
@@ -193,6 +225,8 @@ class Engine:
             implementation=self.implementation, cost_model=self.cost_model,
             kv_dtype=self.kv_dtype, record_top2=self.record_top2, mesh=self.mesh,
             numerics=self.numerics)
+        if self.warmup:
+            self._executor.warmup()
 
     @property
     def executor(self) -> executor_lib.Executor:

@@ -13,9 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def fresh_ledger(monkeypatch):
-    """The compile ledger of a fresh process, which is where a reader runs the example: the
-    compile prices measured by earlier tests in this worker would price a 48-token run's verify
-    widths out (compiles.py), and AUTO would rightly draft nothing."""
+    """The compile ledger of a fresh process, which is where a reader runs the example: nothing
+    compiled, and no background compile of an earlier test's programs still running."""
     monkeypatch.setattr(compiles, "LEDGER", compiles.CompileLedger())
 
 

@@ -12,10 +12,11 @@ a draft verified up to `L` positions is
 `reached` count, and one to `accepted` if it was accepted. Each estimate shrinks towards a prior
 mean with `PRIOR_WEIGHT` pseudo-observations: position 0's is the bucket's `PRIOR_MEAN` (chosen from
 SmolLM2's acceptance on the benchmark workloads: 1-token matches are rarely right, long ones
-usually), position j's is the estimate of position j - 1. A position never reached so far thus
-inherits what the positions before it learned: with a fixed prior there instead, a width never
-verified keeps looking as poor as the prior says however well the shorter drafts do, and the draft
-length never grows to find out.
+usually) or, if higher, the estimate of position 0 in the bucket below (a longer match is not
+worse than a shorter one); position j's is the estimate of position j - 1. A position or bucket
+never reached so far thus inherits what the ones before it learned: with a fixed prior there
+instead, a width never verified keeps looking as poor as the prior says however well the shorter
+drafts do, and the draft length never grows to find out.
 
 Decisions explore (`explore=True`): position 0's estimate is raised by one standard deviation of
 its estimate, `sqrt(p (1 - p) / (reached + PRIOR_WEIGHT))`, which shrinks as the bucket is
@@ -64,13 +65,23 @@ class AcceptancePredictor:
         raised by one standard deviation (the module docstring)."""
         m = match_bucket(match_len)
         p = np.empty(self.max_positions)
-        prior = PRIOR_MEAN[m]
+        prior = self._first_prior(m)
         for j in range(self.max_positions):
             weight = self.reached[m, j] + PRIOR_WEIGHT
             prior = p[j] = (self.accepted[m, j] + PRIOR_WEIGHT * prior) / weight
             if explore and j == 0:
                 prior = p[0] = min(1.0, prior + np.sqrt(prior * (1 - prior) / weight))
         return p
+
+    def _first_prior(self, m: int) -> float:
+        """Position 0's prior in bucket m: its `PRIOR_MEAN`, or what the bucket below learned
+        if that is higher (a longer match is not worse than a shorter one)."""
+        prior = PRIOR_MEAN[0]
+        for b in range(m):
+            prior = max(PRIOR_MEAN[b], prior)
+            prior = (self.accepted[b, 0] + PRIOR_WEIGHT * prior) / (self.reached[b, 0]
+                                                                   + PRIOR_WEIGHT)
+        return max(PRIOR_MEAN[m], prior)
 
     def expected_accepted(self, match_len: int, draft_len: int, *,
                           explore: bool = False) -> np.ndarray:

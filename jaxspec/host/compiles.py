@@ -1,74 +1,157 @@
-"""What this process has compiled, what a compile costs, and when a new width is worth one.
+"""What this process has compiled, and compiles that run beside decoding instead of inside it.
 
-Adaptive K picks among compiled widths for free, but a width not yet compiled for a batch bucket
-costs a compilation first (6-12 s for SmolLM2 on a CPU, 20-150 steps), which a short run never
-earns back. A width is compiled when either
-  - the live requests' remaining tokens would save more than a compile costs with it, or
-  - the time already lost without it reaches a compile's cost: the ski-rental rule (buy once the
-    rent paid equals the price), which loses at most twice the best choice in hindsight however
-    long the process goes on decoding after these requests.
-A compile's cost is the median of those measured in this process. Under `eager()` (a server's
-warm-up traffic, a benchmark's untimed pass) every width the estimate prefers compiles at once.
+A step program (a width K at a rows bucket) not yet compiled costs a compilation first: 5-12 s
+for SmolLM2 on a CPU, 20-150 steps. Inside a request that is a stall no user should wait
+through, so the control plane never waits for a program it merely prefers: it asks for it
+(`request`), a background thread compiles it ahead of time (`lower(...).compile()`), and the
+iteration runs with a program that is ready; a later iteration finds the new one ready and
+switches. Only a batch with no program ready at all compiles in the iteration (`get`): the first
+step of a new process, unless `Engine(warmup=...)` compiled it first.
+
+Under `eager()` every program asked for compiles at once, in the iteration: the old warm-up
+protocol of the benchmarks (an untimed pass that compiles whatever it prefers), kept as an option
+and reported as such. `wait()` blocks until the background compiles are done.
 
 One ledger serves the whole process (`LEDGER`), as jit's caches do: an executor built after
-another finds the widths its predecessor compiled ready. Call `forget_programs()` with
-`jax.clear_caches()`.
+another finds the programs its predecessor compiled. A key names the program and the shapes it
+was compiled for (`Executor._program`). Call `forget_programs()` with `jax.clear_caches()`.
+
+On a CPU, XLA finishes a program's machine code on its first call (0.33 s for a SmolLM2 step
+of 0.08 s, after 5.3 s of compiling): the executor makes that first call in the background too,
+on a scratch state (`Executor._compile`), where the state is small enough to copy.
 """
 
 import collections
+from collections.abc import Callable
 from collections.abc import Hashable
+import concurrent.futures
 import contextlib
+import os
+import pathlib
 import statistics
+import threading
+import time
+import weakref
 
-WINDOW = 16          # compile times kept; their median is the price of the next
+WINDOW = 16          # compile times kept; their median is reported as the price of one
+
+Program = Callable   # a compiled program: called with the jitted function's dynamic arguments
 
 
 class CompileLedger:
-    """Compiled programs, measured compile times, and the time lost waiting for each program."""
+    """Compiled programs by key, compiled in the background or at once.
 
-    def __init__(self):
-        self._ready: set[Hashable] = set()
+    Args:
+      delay: seconds every compile is made to take at least (tests: a slow compile).
+    """
+
+    def __init__(self, *, delay: float = 0.0):
+        self.delay = delay
+        self._programs: dict[Hashable, Program] = {}
+        self._pending: dict[Hashable, concurrent.futures.Future] = {}
         self._seconds: collections.deque = collections.deque(maxlen=WINDOW)
-        self._lost: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="jaxspec-compile")
+        # At exit, compiles nobody waits for are dropped (the one under way finishes): the
+        # hooks run in reverse order, before the pool's own joins its thread.
+        method = weakref.WeakMethod(self._drop_queued)
+        threading._register_atexit(lambda: method() and method()())
+        self._called: set[Hashable] = set()
         self._eager = False
+        self.compiled_in_background = 0
 
-    def ran(self, key: Hashable, seconds: float | None = None) -> None:
-        """A call of the program `key`; `seconds` is its wall time where it compiled."""
-        self._ready.add(key)
-        self._lost.pop(key, None)
-        if seconds is not None:
-            self._seconds.append(float(seconds))
+    def _compile(self, build: Callable[[], Program]) -> Program:
+        start = time.perf_counter()
+        program = build()
+        seconds = time.perf_counter() - start
+        if seconds < self.delay:
+            time.sleep(self.delay - seconds)
+        with self._lock:
+            self._seconds.append(max(seconds, self.delay))
+        return program
+
+    def _collect(self, key: Hashable) -> Program | None:
+        """The program of `key` if it is ready, moving a finished background compile in."""
+        with self._lock:
+            program = self._programs.get(key)
+            future = self._pending.get(key)
+            if program is not None or future is None or not future.done():
+                return program
+            del self._pending[key]
+        program = future.result()        # a failed compile raises here, in the iteration
+        with self._lock:
+            self._programs[key] = program
+            self.compiled_in_background += 1
+        return program
+
+    def ready(self, key: Hashable) -> bool:
+        return self._collect(key) is not None
+
+    def pending(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._pending and key not in self._programs
+
+    def request(self, key: Hashable, build: Callable[[], Program]) -> None:
+        """Asks for `key`'s program: compiled in the background unless ready or under way (at
+        once under `eager()`)."""
+        if self._eager:
+            self.get(key, build)
+            return
+        if self.ready(key):
+            return
+        with self._lock:
+            if key not in self._pending:
+                self._pending[key] = self._pool.submit(self._compile, build)
+
+    def get(self, key: Hashable, build: Callable[[], Program]) -> Program:
+        """`key`'s program, compiled now if it is not ready (or waited for if under way)."""
+        program = self._collect(key)
+        if program is not None:
+            return program
+        with self._lock:
+            future = self._pending.pop(key, None)
+        program = future.result() if future is not None else self._compile(build)
+        with self._lock:
+            self._programs[key] = program
+        return program
+
+    def first_call(self, key: Hashable) -> bool:
+        """Whether this is the first call of `key`'s program (it finishes its code on a CPU)."""
+        if key in self._called:
+            return False
+        self._called.add(key)
+        return True
+
+    def wait(self) -> None:
+        """Blocks until every background compile asked for so far has finished."""
+        with self._lock:
+            futures = list(self._pending.values())
+        concurrent.futures.wait(futures)
+
+    def _drop_queued(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def forget_programs(self) -> None:
         """Nothing is compiled any more (after `jax.clear_caches()`); the price stays."""
-        self._ready.clear()
-        self._lost.clear()
+        self.wait()
+        with self._lock:
+            self._programs.clear()
+            self._pending.clear()
+            self._called.clear()
 
     @property
     def is_eager(self) -> bool:
         return self._eager
 
-    def ready(self, key: Hashable) -> bool:
-        return key in self._ready
-
     def compile_seconds(self) -> float:
-        """The median measured compile (0 before any was measured: nothing to weigh against)."""
-        return statistics.median(self._seconds) if self._seconds else 0.0
-
-    def worth_compiling(self, key: Hashable, lost_per_step: float, steps_left: float) -> bool:
-        """Whether to compile `key` now, given the seconds each step is expected to lose without
-        it and the steps the live requests have left; a step that does not compile it adds its
-        loss to `key`'s account."""
-        lost = max(lost_per_step, 0.0)
-        price = self.compile_seconds()
-        if self._eager or lost * steps_left >= price or self._lost[key] + lost >= price:
-            return True
-        self._lost[key] += lost
-        return False
+        """The median measured compile (0 before any was measured)."""
+        with self._lock:
+            return statistics.median(self._seconds) if self._seconds else 0.0
 
     @contextlib.contextmanager
     def eager(self):
-        """Within it, every width worth anything compiles as soon as it is preferred."""
+        """Within it, every program asked for compiles at once, in the iteration."""
         self._eager, before = True, self._eager
         try:
             yield self
@@ -77,3 +160,28 @@ class CompileLedger:
 
 
 LEDGER = CompileLedger()
+
+MIN_CACHED_COMPILE_SECONDS = 0.5     # quicker compiles are not worth a file
+
+
+def default_cache_dir() -> pathlib.Path:
+    """Where compiled programs persist between processes: `$JAXSPEC_CACHE/xla`, else
+    ~/.cache/jaxspec/xla."""
+    root = os.environ.get("JAXSPEC_CACHE") or pathlib.Path.home() / ".cache" / "jaxspec"
+    return pathlib.Path(root) / "xla"
+
+
+def enable_persistent_cache(path) -> str | None:
+    """Turns on JAX's persistent compilation cache at `path` (a second process loads what the
+    first compiled: SmolLM2's prefill and steps, ~11 s of compiles on a CPU), unless `path` is
+    empty or None, or this process already set a cache directory (the user's own wins).
+    Returns the directory in use, or None."""
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if current or not path:
+        return current or None
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_SECONDS)
+    return str(path)

@@ -58,8 +58,6 @@ from jaxspec.device import kv_cache
 from jaxspec.device import sampling
 from jaxspec.device import sharding
 from jaxspec.device import step as step_lib
-from jaxspec.host import acceptance
-from jaxspec.host import adaptive
 from jaxspec.host import capacity
 from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
@@ -71,8 +69,17 @@ from jaxspec.host import rest as rest_lib
 from jaxspec.host import sa_slots
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.host import stats as stats_lib
+from jaxspec.host import widths as widths_lib
 
-ENTRY_POINTS = ("prefill", "step", "prime_drafts")
+ENTRY_POINTS = ("prefill", "prime_drafts")     # jitted in the iteration; steps: compiles.py
+_SIGNATURES: dict = {}                          # a step's argument shapes -> a small id
+# A CPU program compiled in the background is run once there on a scratch state this large at
+# most (it finishes its code at its first call: compiles.py).
+WARM_RUN_MAX_BYTES = 2**30
+
+
+def _abstract(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +120,7 @@ class _Plan:
     start: float               # when planning began (step time counts from here)
     draft_seconds: float       # host planning: drafting, the K decision and the gates
     decide_seconds: float      # the K decision and the gates alone
+    bare: bool = False         # a plain step that leaves the automata alone (all rows rest)
 
 
 @dataclasses.dataclass
@@ -221,16 +229,17 @@ class Executor:
         # Reversible gating also gates each request on its own acceptance.
         self._request_gates = ({} if self.gate is not None and self.policy.gate == "reversible"
                                else None)
-        self.predictor = self.costs = None
+        self.planner = None
+        self._compiles = compiles_lib.LEDGER
         if self.policy.adaptive:
-            self.predictor = acceptance.AcceptancePredictor(max_positions=max_k)
-            self.costs = cost_model or cost_model_lib.StepCostModel(
-                cost_model_lib.default_path(model_key(model, self.kv_dtype)))
-            self.widths = adaptive.widths_up_to(max_k)
+            self.planner = widths_lib.WidthPlanner(
+                max_draft_len=max_k, start_draft_len=self.policy.start_draft_len or max_k,
+                costs=cost_model or cost_model_lib.StepCostModel(
+                    cost_model_lib.default_path(model_key(model, self.kv_dtype))),
+                compiles=self._compiles)
         # Adaptive K rests the automata of requests whose drafts do not pay (rest.py).
         self._rests: dict[int, rest_lib.Rest] | None = (
             {} if self.policy.adaptive and self.slots is not None else None)
-        self.compiles = compiles_lib.LEDGER
         init_kv = functools.partial(
             kv_cache.init_pages, num_layers=cs.num_layers,
             num_pages=self.scheduler.allocator.num_pages, page_size=scheduler_config.page_size,
@@ -242,8 +251,19 @@ class Executor:
                 self.mesh, sharding.KV_SPEC))()
         automata = self.slots.new_state() if self.slots else None
         self.state = self._placed(step_lib.init_state(kv, automata, draft_len=max_k))
+        # What a compiled step is specialised to besides its config and rows: the shapes,
+        # dtypes and shardings of the weights and the state (compiles.py's keys).
+        self._abstract = jax.tree.map(_abstract, (self.params, self.state))
+        leaves, treedef = jax.tree.flatten(self._abstract)
+        self._shapes = _SIGNATURES.setdefault(
+            (treedef, self.table_cols, tuple((x.shape, x.dtype, x.sharding) for x in leaves)),
+            len(_SIGNATURES))
+        self._step_compiled = False
+        self._warm_runs = (self.mesh is None and jax.default_backend() == "cpu"
+                           and sum(x.nbytes for x in jax.tree.leaves(self.state))
+                           <= WARM_RUN_MAX_BYTES)
         self.implementation = implementation
-        self._configs: dict[tuple[int, bool, bool], step_lib.StepConfig] = {}
+        self._configs: dict[tuple[int, bool, bool, bool], step_lib.StepConfig] = {}
         self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
         self.overlap = overlap
@@ -253,6 +273,40 @@ class Executor:
         self._inflight: _InFlight | None = None
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
+
+    @property
+    def compiles(self) -> compiles_lib.CompileLedger:
+        """The compiled programs this executor runs and asks for (default: the process's)."""
+        return self._compiles
+
+    @compiles.setter
+    def compiles(self, ledger: compiles_lib.CompileLedger):
+        self._compiles = ledger
+        if self.planner is not None:
+            self.planner.compiles = ledger
+
+    @property
+    def predictor(self):
+        return None if self.planner is None else self.planner.predictor
+
+    @property
+    def costs(self):
+        return None if self.planner is None else self.planner.costs
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return self.planner.widths
+
+    def warmup(self) -> None:
+        """Asks for every step program the schedule runs, compiled in the background: per rows
+        bucket the plain step, the schedule's K and, with adaptive K, the start width."""
+        for rows in self.batch_buckets:
+            widths = {0, self.policy.draft_len_for_batch_size(rows)}
+            if self.planner is not None:
+                widths.add(min(self.planner.start, max(widths)))
+            chains = (False, True) if self.overlap and self._overlappable else (False,)
+            for k, chained in itertools.product(sorted(widths), chains):
+                self.compiles.request(*self._program(k, (), rows, chained))
 
     def _placed(self, state: step_lib.DeviceState) -> step_lib.DeviceState:
         """The device state on its mesh shardings (a no-op without a mesh): kept the same from
@@ -265,17 +319,20 @@ class Executor:
         """Per-row step inputs, split over the mesh's data shards (as they are without one)."""
         return tree if self.mesh is None else sharding.place_rows(self.mesh, tree)
 
-    def _step_config(self, k: int, greedy_only: bool,
-                     chained: bool = False) -> step_lib.StepConfig:
-        """One config object per (K, greedy, chained), the same as every other executor's equal
-        one (`step.canonical`): jit finds its compiled step by identity."""
-        key = (k, greedy_only, chained)
+    def _step_config(self, k: int, greedy_only: bool, chained: bool = False,
+                     bare: bool = False) -> step_lib.StepConfig:
+        """One config object per (K, greedy, chained, bare), the same as every other executor's
+        equal one (`step.canonical`): jit finds its compiled step by identity. `bare`: a plain
+        step that leaves the automata alone (every row's rests)."""
+        key = (k, greedy_only, chained, bare)
         if key not in self._configs:
             p = self.policy
+            automaton = p.uses_automaton and not bare
             self._configs[key] = step_lib.canonical(step_lib.StepConfig(
-                graphdef=self.graphdef, k=k, greedy_only=greedy_only, draft_source=p.source,
-                automaton=p.uses_automaton, global_pool=p.global_pool,
-                sa_draft_len=p.max_draft_len if p.uses_automaton else 0,
+                graphdef=self.graphdef, k=k, greedy_only=greedy_only,
+                draft_source="none" if bare else p.source,
+                automaton=automaton, global_pool=p.global_pool and automaton,
+                sa_draft_len=p.max_draft_len if automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
                 implementation=self.implementation, mesh=self.mesh, chained=chained))
@@ -352,11 +409,14 @@ class Executor:
         scheduler, those of the step dispatched one iteration before."""
         start = time.perf_counter()
         traces = sum(step_lib.trace_count(name) for name in ENTRY_POINTS)
+        self._step_compiled = False
         generated = self.stats.generated_tokens
+        decode_k = None
         if self._chains():
             # 5-8, the host one step behind: the next step is dispatched, then the one in
             # flight is read and committed.
             events = self._chain()
+            decode_k = self._inflight.plan.k
         else:
             events = self._drain()
             # 1. Draft length for the placeholders, from the active requests.
@@ -370,15 +430,19 @@ class Executor:
             # 6. Forward: prompt chunks (their first tokens committed at once), then the decode
             # batch.
             events += self._prefill(batch.prefill) if batch.prefill else []
+            if plan is not None and not batch.prefill:
+                decode_k = plan.k
             if plan is not None:
                 self._inflight = self._dispatch(plan)
                 # 7-8. Commit and feed the acceptance gate, unless the next iteration can
                 # dispatch the next step first.
                 if not self._chains():
                     events += self._drain()
-        compiled = sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces
+        compiled = (self._step_compiled
+                    or sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces)
         self.stats.record_iteration(time.perf_counter() - start,
-                                    self.stats.generated_tokens - generated, compiled)
+                                    self.stats.generated_tokens - generated, compiled,
+                                    decode_k)
         if self.costs is not None and not self.has_work():
             # Idle: the next engine on this machine starts from every step timed so far.
             self.costs.save()
@@ -412,14 +476,21 @@ class Executor:
         rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
         k = self._bucket_k(rows, len(reqs), batch.num_tokens, cap)
         allowed = k
-        if self.policy.adaptive:
-            rows = self._compiled_rows(reqs, rows)
+
+        def program(width, bucket):
+            return self._program(width, reqs, bucket)
+
+        if self.planner is not None:
+            rows = self.planner.rows(program, rows, self.batch_buckets)
         if self._rests is not None:
             self._tick_rests(reqs)
         drafts, lens, matches, slots = self._drafts(reqs, rows, k)
         decide_start = time.perf_counter()
-        if self.policy.adaptive and k and lens.any():
-            k, lens = self._choose(reqs, rows, k, lens, matches)
+        if self.planner is not None and k and lens.any():
+            k, lens = self.planner.choose(
+                program, rows, k, lens, matches, context=max(r.num_cached for r in reqs) + 1,
+                starting=any(r.steps < widths_lib.START_STEPS for r in reqs),
+                left=max(r.params.max_new_tokens - len(r.output) for r in reqs))
         if self._request_gates is not None:
             for i, r in enumerate(reqs):
                 lens[i] = self._request_gate(r).allowed(lens[i])
@@ -430,15 +501,23 @@ class Executor:
                 if not rest.resting:
                     rest.planned(drafted=bool(n))
         # Verifying only padding costs a wider forward for nothing.
+        bare = False
         if not lens.any():
-            k = self._plain_width(reqs, rows) if self.policy.adaptive else 0
+            k = self.planner.plain_width(program, rows) if self.planner is not None else 0
             drafts = np.zeros((rows, k), np.int32)
+            if k == 0 and self._rests is not None and all(map(self._resting, reqs)):
+                # Resting automata are not extended: nor need the step touch them (5% of a
+                # SmolLM2 plain step on a CPU), once that program is compiled.
+                key, build = self._program(0, reqs, rows, bare=True)
+                bare = self.compiles.ready(key)
+                self.compiles.request(key, build)
         decide_seconds = time.perf_counter() - decide_start
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
         return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
                      matches=matches, slots=slots, start=start,
-                     draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds)
+                     draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds,
+                     bare=bare)
 
     def _drafts(self, reqs, rows: int, k: int):
         """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
@@ -481,99 +560,11 @@ class Executor:
                 self.slots.add_request(r.request_id, r.tokens)
                 self._unprimed.append(r)
 
-    def _choose(self, reqs, rows: int, k: int, lens, matches):
-        """Adaptive K: the compiled width up to `k` with the most expected tokens per second."""
-        widths = [w for w in self.widths if w <= k]
-        context = max(r.num_cached for r in reqs) + 1
-
-        def key(w):
-            return self._program(w, reqs, rows)
-
-        if self.costs.plain_unsettled(rows, context) and (
-                self.compiles.ready(key(0)) or self.compiles.is_eager):
-            # Every width is weighed against the plain step, which the prior guesses worst (at
-            # batch 32 it put plain at 1.6x its cost, so AUTO never ran it): time it first, and
-            # again while it looks slower than a verify step (`plain_unsettled`), where that
-            # compiles nothing (its compile would price every verify width out of a short run).
-            return 0, np.zeros_like(lens)
-        seconds = self.costs.costs(rows, context, widths)
-        drafted = list(zip(matches[:len(reqs)], lens[:len(reqs)], strict=True))
-
-        curves = {}
-
-        def best(candidates, explore):
-            if explore not in curves:
-                curves[explore] = [self.predictor.expected_accepted(int(m), int(d),
-                                                                    explore=explore)
-                                   for m, d in drafted]
-            return adaptive.choose([widths[i] for i in candidates], seconds[list(candidates)],
-                                   curves[explore], lens[:len(reqs)])
-
-        ready = [i for i, w in enumerate(widths) if self.compiles.ready(key(w))]
-        ready_widths = {widths[i] for i in ready}
-        choice = best(range(len(widths)), explore=False)
-        if ready and choice.k not in ready_widths:
-            # A width not compiled yet: compiled once it pays for its compile (compiles.py).
-            # The estimates are seconds, not relative units, once measured.
-            held = best(ready, explore=False)
-            lost = 0.0
-            if self.costs.measured(rows, held.k, context) is not None:
-                lost = held.seconds - held.expected_tokens * choice.seconds / choice.expected_tokens
-            left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
-            steps_left = left * len(reqs) / held.expected_tokens
-            if not self.compiles.worth_compiling(key(choice.k), lost, steps_left):
-                choice = held
-        # Exploring (an optimistic acceptance estimate) only picks among compiled widths.
-        if choice.k in ready_widths:
-            choice = best(ready, explore=True)
-        chosen = np.zeros_like(lens)
-        chosen[:len(reqs)] = choice.lens
-        return choice.k, chosen
-
-    def _compiled_rows(self, reqs, rows: int) -> int:
-        """The rows bucket an adaptive iteration runs in: `rows`, or while no step is compiled
-        there, the smallest larger bucket with one (padding rows), until a compile at `rows`
-        pays (compiles.py). A batch's tail, its requests finishing one by one, reaches buckets
-        that no warm-up with other K choices did: at batch 32 each timed pass compiled one."""
-        def compiled(b):
-            return [w for w in self.widths if self.compiles.ready(self._program(w, reqs, b))]
-
-        if self.compiles.is_eager or compiled(rows):
-            return rows
-        larger = next(((b, ws[0]) for b in self.batch_buckets if b > rows
-                       for ws in [compiled(b)] if ws), None)
-        if larger is None:
-            return rows
-        bucket, width = larger
-        measured = self.costs.measured(bucket, width, max(r.num_cached for r in reqs) + 1)
-        # A step's cost grows about linearly with its rows here (2 CPU cores: 65 ms at 1 row,
-        # 1.1 s at 32): the padding rows are the loss.
-        lost = 0.0 if measured is None else measured * (1 - rows / bucket)
-        left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
-        return rows if self.compiles.worth_compiling(self._program(0, reqs, rows), lost,
-                                                     left) else bucket
-
-    def _plain_width(self, reqs, rows: int) -> int:
-        """The width of an adaptive iteration with nothing to verify: 0, or while the plain step
-        is not compiled at these rows, the smallest compiled width (with no drafts it commits what
-        the plain step does) until the plain step pays for its compile (compiles.py). The plain
-        step is a program per rows bucket like any width: the batch's tail, requests finishing
-        one by one, compiled it at 2 and 4 rows inside timed passes."""
-        ready = [w for w in self.widths if w and self.compiles.ready(self._program(w, reqs, rows))]
-        if not ready or self.compiles.ready(self._program(0, reqs, rows)):
-            return 0
-        context = max(r.num_cached for r in reqs) + 1
-        lost = 0.0
-        if self.costs.measured(rows, ready[0], context) is not None:
-            plain, verify = self.costs.costs(rows, context, [0, ready[0]])
-            lost = verify - plain
-        left = max(r.params.max_new_tokens - len(r.output) for r in reqs)
-        return 0 if self.compiles.worth_compiling(self._program(0, reqs, rows), lost,
-                                                  left) else ready[0]
-
-    def _program(self, k: int, reqs, rows: int, chained: bool = False):
-        """The compile ledger's key of the step that runs `reqs` at width `k` on `rows` rows."""
-        return self._step_config(k, all(r.params.greedy for r in reqs), chained), rows
+    def _program(self, k: int, reqs, rows: int, chained: bool = False, bare: bool = False):
+        """(the compile ledger's key, a function compiling it) of the step that runs `reqs` at
+        width `k` on `rows` rows."""
+        cfg = self._step_config(k, all(r.params.greedy for r in reqs), chained, bare)
+        return (cfg, rows, self._shapes), functools.partial(self._compile, cfg, rows)
 
     def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
         gate = self._request_gates.get(request.request_id)
@@ -655,24 +646,57 @@ class Executor:
         self.stats.prefill_time += time.perf_counter() - start
         return events
 
-    def _dispatch(self, plan: _Plan, previous: step_lib.StepOutputs | None = None) -> _InFlight:
-        """Starts the plan's step on the device; `previous`: the unread outputs of the step
-        before it (same rows), which give it its last tokens and lengths (a chained step)."""
+    def _inputs(self, plan: _Plan, previous=None) -> step_lib.StepInputs:
+        """The plan's step inputs (numpy); `previous` as in `_dispatch`."""
         reqs, pad = plan.requests, plan.rows - len(plan.requests)
         view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs))
         last = [0] * len(reqs) if previous is not None else [r.output[-1] for r in reqs]
-        inputs = step_lib.StepInputs(
+        return step_lib.StepInputs(
             last_tokens=np.asarray(last + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
             sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots,
-            previous=None if previous is None else (previous.new_tokens,
-                                                    previous.num_new_tokens))
-        key = self._program(plan.k, reqs, plan.rows, chained=previous is not None)
-        traces = step_lib.trace_count("step")
+            previous=previous)
+
+    def _compile(self, cfg: step_lib.StepConfig, rows: int):
+        """The step of `cfg` on `rows` rows, compiled ahead of time from the shapes alone (safe
+        beside decoding: it reads no array). On a mesh, the jitted step itself: it compiles at
+        its first call."""
+        if self.mesh is not None:
+            return functools.partial(step_lib.step, cfg=cfg)
+        zeros = np.zeros((rows,), np.int32)
+        plan = _Plan(requests=[], rows=rows, k=cfg.k, drafts=np.zeros((rows, cfg.k), np.int32),
+                     draft_lens=zeros, matches=zeros, slots=zeros, start=0.0, draft_seconds=0.0,
+                     decide_seconds=0.0)
+        previous = (np.zeros((rows, 1 + cfg.k), np.int32), zeros) if cfg.chained else None
+        if self.slots is not None:
+            plan.slots = np.full((rows,), self.slots.dummy_slot, np.int32)
+        inputs = self._inputs(plan, previous)
+        params, state = self._abstract
+        program = step_lib.step.lower(params, state, jax.tree.map(_abstract, inputs),
+                                      cfg=cfg).compile()
+        if self._warm_runs:
+            # XLA:CPU finishes a program's code at its first call (compiles.py): made here, on
+            # a scratch state of zeros (an empty cache and empty automata) and padding rows.
+            scratch = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state)
+            jax.block_until_ready(program(self.params, scratch, inputs))
+        return program
+
+    def _dispatch(self, plan: _Plan, previous: step_lib.StepOutputs | None = None) -> _InFlight:
+        """Starts the plan's step on the device; `previous`: the unread outputs of the step
+        before it (same rows), which give it its last tokens and lengths (a chained step)."""
+        inputs = self._inputs(plan, None if previous is None else (previous.new_tokens,
+                                                                   previous.num_new_tokens))
+        key, build = self._program(plan.k, plan.requests, plan.rows, chained=previous is not None,
+                                   bare=plan.bare)
         start = time.perf_counter()
-        self.state, out = step_lib.step(self.params, self.state, self._rows(inputs), cfg=key[0])
-        return _InFlight(plan=plan, out=out, key=key, dispatched=start,
-                         compiled=step_lib.trace_count("step") != traces)
+        compiled = not self.compiles.ready(key)
+        program = self.compiles.get(key, build)
+        # On a CPU a program's first call finishes its machine code (compiles.py): not a step's
+        # time either.
+        compiled |= self.compiles.first_call(key)
+        self._step_compiled |= compiled
+        self.state, out = program(self.params, self.state, self._rows(inputs))
+        return _InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled)
 
     def _read(self, step: _InFlight) -> tuple[list[TokenEvent], float]:
         """Steps 7-8 of a dispatched step: reads its outputs (one transfer), commits them and
@@ -680,7 +704,6 @@ class Executor:
         out = sharding.to_host(step.out)
         arrived = time.perf_counter()
         seconds = arrived - step.dispatched
-        self.compiles.ran(step.key, seconds if step.compiled else None)
         if self.costs is not None and not step.compiled:
             # Adaptive K never overlaps: its steps are read right after their dispatch, so the
             # time is the step's own, as the cost model expects.
@@ -756,7 +779,7 @@ class Executor:
             self.slots.advance([r.request_id if s != dummy else None
                                 for r, s in zip(reqs, plan.slots, strict=False)],
                                out.num_new_tokens[:len(reqs)])
-        events, pairs, kept = [], [], []
+        events, pairs, kept, learned = [], [], [], []
         for i, r in enumerate(reqs):
             if r.finished:
                 # It ended after this step was dispatched (at the step before, or cancelled):
@@ -764,8 +787,10 @@ class Executor:
                 continue
             n = int(out.num_new_tokens[i])
             drafted = int(out.draft_lens[i])
-            if drafted:
-                self._learn(r, int(plan.matches[i]), drafted, n - 1)
+            # A stop token does not cut what the target accepted.
+            learned.append((int(plan.matches[i]), drafted, n - 1))
+            if drafted and self._request_gates is not None:
+                self._request_gate(r).record_acceptance_rate(min(n - 1, drafted) / drafted)
             r.num_cached += n
             taken = r.append(out.new_tokens[i, :n])
             accepted = stats_lib.accepted_drafts(len(taken), n)
@@ -783,19 +808,13 @@ class Executor:
             self.stats.generated_tokens += len(taken)
             result = self._finish(r, r.finish_reason) if r.finish_reason else None
             events.append(TokenEvent(r.request_id, tuple(taken), result))
+        if self.planner is not None:
+            self.planner.learned(plan.k, learned)
         if kept:
             self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
                                    time.perf_counter() - plan.start, plan.draft_seconds,
                                    plan.decide_seconds)
         return events, pairs
-
-    def _learn(self, request: requests_lib.Request, match_len: int, drafted: int, accepted: int):
-        """What one verified row teaches: the acceptance predictor (by the drafts' match length;
-        a stop token does not cut what the target accepted) and the request's own gate."""
-        if self.predictor is not None:
-            self.predictor.observe(match_len, drafted, accepted)
-        if self._request_gates is not None:
-            self._request_gate(request).record_acceptance_rate(min(accepted, drafted) / drafted)
 
     def _feed_gate(self, pairs: list[tuple[int, int]]):
         rate = gate_lib.pooled_acceptance_rate(pairs)

@@ -38,6 +38,8 @@ class SpecPolicy:
         and one per request).
       adaptive: K per iteration from the step-cost model and the acceptance predictor
         (`jaxspec.host.adaptive`), up to the schedule's K.
+      start_draft_len: with `adaptive`, the width of a request's first steps
+        (`jaxspec.host.widths`); None: the schedule's K.
       drafter: the host drafter ("host" only).
       uses_automaton: device automata are kept per request ("sa", or "host" with an enhancer).
       global_pool: the automata search every active slot, not only their own.
@@ -55,6 +57,7 @@ class SpecPolicy:
     gate_threshold: float | None = None
     gate: str = "permanent"
     adaptive: bool = False
+    start_draft_len: int | None = None
     drafter: drafter_lib.Drafter | None = None
     global_pool: bool = False
     global_pool_size: int | None = None
@@ -108,7 +111,11 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
     Raises:
       TypeError: an unknown spec, or an enhancer without a host drafter to enhance.
     """
+    extra = {}
     if isinstance(spec, config_lib.AutoConfig):
+        # A request's first steps draft as far as TensorRT-LLM's heuristic would for a lone
+        # request (5): the engine's capacity says nothing of how many requests share a step.
+        extra["start_draft_len"] = config_lib.suggest_spec_config(1).max_draft_len
         spec = spec.resolve(max_batch_size)
     if enhancer is not None and not isinstance(spec, (config_lib.NGramConfig,
                                                        drafter_lib.Drafter)):
@@ -116,7 +123,6 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
                         f"Drafter), got spec {type(spec).__name__}")
     if spec is None:
         return SpecPolicy()
-    extra = {}
     if isinstance(spec, config_lib.NGramConfig):
         from jaxspec.host import ngram
 
@@ -132,6 +138,6 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
                           global_pool_size=spec.global_pool_size,
                           max_ngram_size=spec.max_matching_ngram_size,
                           min_match_len=spec.min_match_len, adaptive=spec.adaptive,
-                          **_drafter_fields(spec))
+                          **_drafter_fields(spec), **extra)
     raise TypeError(f"spec must be None, NGramConfig, SAConfig, AutoConfig or a Drafter, got "
                     f"{type(spec).__name__}")

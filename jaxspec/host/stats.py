@@ -29,6 +29,9 @@ def accepted_drafts(kept: int, num_new: int) -> int:
     return min(kept, num_new - 1)
 
 
+STALL_MIN_ITERATIONS = 3
+
+
 @dataclasses.dataclass
 class RunStats:
     """Accumulates one run's decode steps. Times are wall-clock seconds on the host."""
@@ -56,6 +59,8 @@ class RunStats:
     position_accepted: collections.Counter = dataclasses.field(
         default_factory=collections.Counter)
     k_history: list[int] = dataclasses.field(default_factory=list)
+    # (K, seconds) of each iteration that ran a decode step and no prompt chunk
+    decode_iterations: list[tuple[int, float]] = dataclasses.field(default_factory=list)
 
     def record_step(self, k: int, draft_lens, accepted, kept, seconds: float,
                     draft_seconds: float, decide_seconds: float):
@@ -79,10 +84,15 @@ class RunStats:
             for j in range(a):
                 self.position_accepted[j] += 1
 
-    def record_iteration(self, seconds: float, tokens: int, compiled: bool):
+    def record_iteration(self, seconds: float, tokens: int, compiled: bool,
+                         decode_k: int | None = None):
         """One executor iteration: its wall time and generated tokens, set apart when it traced
-        (compiled) a jitted function, so the steady rate excludes compilation."""
+        (compiled) a jitted function, so the steady rate excludes compilation. `decode_k`: the
+        width of the decode step it ran, if it ran one and no prompt chunk (its time is then
+        the gap between two steps of the requests it decoded)."""
         self.wall_time += seconds
+        if decode_k is not None:
+            self.decode_iterations.append((decode_k, seconds))
         if compiled:
             self.first_call_time += seconds
             self.first_call_tokens += tokens
@@ -113,8 +123,21 @@ class RunStats:
         return [self.position_accepted[j] / self.position_drafted[j]
                 for j in sorted(self.position_drafted)]
 
+    @property
+    def stall_ratio(self) -> float | None:
+        """The longest decode iteration over the median one of the same width (widths run at
+        least `STALL_MIN_ITERATIONS` times): a step that waited for a compile shows here. Widths
+        are compared with themselves, as a CPU's verify step of 16 drafts costs 4x a plain one."""
+        by_k = collections.defaultdict(list)
+        for k, seconds in self.decode_iterations:
+            by_k[k].append(seconds)
+        ratios = [max(t) / np.median(t) for t in by_k.values()
+                  if len(t) >= STALL_MIN_ITERATIONS and np.median(t) > 0]
+        return max(ratios) if ratios else None
+
     def summary(self) -> dict:
         """A JSON-ready dict of every metric."""
+        gaps = [seconds for _, seconds in self.decode_iterations]
         rnd = lambda x, n=4: None if x is None else round(float(x), n)  # noqa: E731
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -140,4 +163,7 @@ class RunStats:
                                             sorted(self.acceptance_lengths.items())},
             "per_position_acceptance": [rnd(x) for x in self.per_position_acceptance()],
             "k_mean": rnd(np.mean(self.k_history) if self.k_history else None, 3),
+            "median_step_gap_ms": rnd(1e3 * np.median(gaps) if gaps else None, 2),
+            "max_step_gap_ms": rnd(1e3 * max(gaps) if gaps else None, 2),
+            "stall_ratio": rnd(self.stall_ratio, 2),
         }

@@ -196,7 +196,7 @@ def test_auto_resolves_and_runs(tiny_lm, uncached_greedy):
                                                  max_batch_size=CONFIG.max_batch_size)
     batch = prompts(2, [6, 11])
     ids = [add(executor, p, 20) for p in batch]
-    with compiles.LEDGER.eager():       # a tiny model's steps never repay a compile
+    with compiles.LEDGER.eager():       # the widths it prefers, compiled at once
         outputs = outputs_of(executor)
     for rid, p in zip(ids, batch, strict=True):
         assert outputs[rid] == uncached_greedy(tiny_lm, p, 20)

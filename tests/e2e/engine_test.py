@@ -5,6 +5,7 @@ import pytest
 
 from jaxspec import engine as engine_lib
 from jaxspec.device import step as step_lib
+from jaxspec.host import compiles
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.models import tiny
@@ -112,6 +113,7 @@ def test_compiles_once_per_bucket(tiny_lm):
 
     step_lib.prefill.clear_cache()
     step_lib.step.clear_cache()
+    compiles.LEDGER.forget_programs()       # the steps' compiled programs (compiles.py)
     start = traces()
     run()
     first = tuple(t - t0 for t, t0 in zip(traces(), start, strict=True))
@@ -134,6 +136,7 @@ def test_user_buckets_bound_the_compiled_shapes(tiny_lm):
     assert engine.executor.batch_buckets == (4,)
     step_lib.prefill.clear_cache()
     step_lib.step.clear_cache()
+    compiles.LEDGER.forget_programs()
     start = traces()
     for batch in (prompts(11, [3]), prompts(12, [20, 5, 9]), prompts(13, [70])):
         engine.generate_batch(batch, max_new_tokens=6)

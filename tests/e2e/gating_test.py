@@ -1,9 +1,8 @@
-"""Issue 13's control plane on the tiny model: adaptive K runs only compiled widths and stays
-lossless, a reversible gate comes back (for the batch and per request), and no drafter resumes
-from stale state after the schedule paused speculation."""
+"""Issue 13's control plane on the tiny model: a reversible gate comes back (for the batch and
+per request), no drafter resumes from stale state after the schedule paused speculation, and
+resting automata wake up exact. Adaptive K's compiled widths: adaptive_test.py."""
 
 import collections
-import contextlib
 
 import pytest
 
@@ -132,124 +131,6 @@ def test_no_stale_drafter_state_after_a_paused_stretch(tiny_lm, drafter, schedul
 
 
 # ---------------------------------------------------------------------------- adaptive K
-
-def test_adaptive_k_uses_compiled_widths_and_learns(tiny_lm, uncached_greedy):
-    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
-    costs = cost_model_lib.StepCostModel()
-    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG, cost_model=costs)
-    ledger = engine.executor.compiles = compiles.CompileLedger()
-    prompts = random_prompts(9, [10, 14], alphabet_size=3)
-    with ledger.eager():      # a tiny model's steps never repay a compile
-        out = engine.generate_batch(prompts, max_new_tokens=40)
-    for p, g in zip(prompts, out.generations, strict=True):
-        assert g.token_ids == uncached_greedy(tiny_lm, p, 40)
-    executor = engine.executor
-    assert executor.widths == (0, 1, 2, 3, 4, 6, 8)
-    assert set(executor.stats.k_history) <= set(executor.widths)
-    assert costs.table(), "steps that compiled nothing were measured"
-    assert executor.predictor.reached.sum() > 0, "verified rows were learned"
-
-
-class RecordingLedger(compiles.CompileLedger):
-    """A ledger that keeps every program it was told ran."""
-
-    def __init__(self):
-        super().__init__()
-        self.programs = set()
-
-    def ran(self, key, seconds=None):
-        self.programs.add(key)
-        super().ran(key, seconds)
-
-
-@pytest.mark.parametrize("eager", [False, True])
-def test_adaptive_k_compiles_a_width_only_when_it_pays(tiny_lm, uncached_greedy, eager):
-    """A compile priced far above what 24 tokens can save is never bought: each rows bucket
-    runs the one program its first step had to compile, plain steps included (losslessly);
-    under `eager` (a warm-up) the widths the estimate prefers compile."""
-    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
-    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG,
-                               cost_model=cost_model_lib.StepCostModel())
-    ledger = engine.executor.compiles = RecordingLedger()
-    ledger.ran("a compile measured elsewhere", seconds=1e6)
-    ledger.programs.clear()
-    prompts = random_prompts(9, [10, 14], alphabet_size=3)
-    with ledger.eager() if eager else contextlib.nullcontext():
-        out = engine.generate_batch(prompts, max_new_tokens=24)
-    for p, g in zip(prompts, out.generations, strict=True):
-        assert g.token_ids == uncached_greedy(tiny_lm, p, 24)
-    per_rows = collections.Counter(rows for _, rows in ledger.programs)
-    if eager:
-        assert max(per_rows.values()) > 1, "the preferred widths compiled"
-    else:
-        assert set(per_rows.values()) == {1}, ledger.programs
-
-
-def test_adaptive_k_runs_a_compiled_width_where_the_plain_step_is_not(tiny_lm, uncached_greedy):
-    """After a warm-up compiled verify widths, an iteration with nothing to verify at rows whose
-    plain step was never compiled runs a compiled width (no drafts: a plain step's tokens) rather
-    than compiling one: the batch's tail had compiled plain steps at 2 and 4 rows in timed runs."""
-    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
-    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG,
-                               cost_model=cost_model_lib.StepCostModel())
-    warm = engine.executor.compiles = RecordingLedger()
-    prompts = random_prompts(9, [10, 14], alphabet_size=3)
-    with warm.eager():
-        engine.generate_batch(prompts, max_new_tokens=24)
-    ledger = engine.executor.compiles = RecordingLedger()
-    for key in warm.programs:
-        if key[0].k:
-            ledger.ran(key)
-    covered = {rows for _, rows in ledger.programs}
-    ledger.ran("a compile measured elsewhere", seconds=1e6)
-    ledger.programs.clear()
-    out = engine.generate_batch(prompts, max_new_tokens=24)
-    for p, g in zip(prompts, out.generations, strict=True):
-        assert g.token_ids == uncached_greedy(tiny_lm, p, 24)
-    compiled = {(cfg.k, rows) for cfg, rows in ledger.programs if rows in covered}
-    assert all(k for k, _ in compiled), compiled
-
-
-def test_adaptive_k_pads_into_a_compiled_bucket_until_a_compile_pays(tiny_lm, uncached_greedy):
-    """A lone request whose rows bucket has no compiled step runs in a larger compiled bucket
-    (padding rows) while a compile there does not pay: a batch's tail compiled one in timed runs."""
-    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
-    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG,
-                               cost_model=cost_model_lib.StepCostModel())
-    warm = engine.executor.compiles = RecordingLedger()
-    with warm.eager():
-        engine.generate_batch(random_prompts(4, [10, 14], alphabet_size=3), max_new_tokens=24)
-    top = max(rows for _, rows in warm.programs)
-    assert top > 1
-    ledger = engine.executor.compiles = RecordingLedger()
-    for key in warm.programs:
-        if key[1] == top:
-            ledger.ran(key)
-    ledger.ran("a compile measured elsewhere", seconds=1e6)
-    ledger.programs.clear()
-    prompt = random_prompts(1, [12], alphabet_size=3)[0]
-    out = engine.generate(prompt, max_new_tokens=24)
-    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 24)
-    assert ledger.programs and {rows for _, rows in ledger.programs} == {top}
-
-
-def test_adaptive_k_measures_the_plain_step_before_weighing_widths(tiny_lm, uncached_greedy):
-    """With verify widths measured but not the plain step, the first decisions run plain steps
-    (the first compiles, the next is measured); then widths are weighed against it."""
-    costs = cost_model_lib.StepCostModel()
-    for k in range(1, 9):
-        costs.observe(1, k, 1, 1e-6 * k)     # far below any real step: verifying pays
-    spec = js.SAConfig(max_draft_len=8, adaptive=True, min_match_len=1)
-    engine = engine_lib.Engine(tiny_lm, spec=spec, scheduler=CONFIG, cost_model=costs)
-    prompt = random_prompts(1, [12], alphabet_size=2)[0]
-    with compiles.LEDGER.eager():
-        out = engine.generate(prompt, max_new_tokens=30)
-    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 30)
-    history = engine.executor.stats.k_history
-    assert costs.measured(1, 0, 1) is not None
-    first = next(i for i, k in enumerate(history) if k)
-    assert first >= 1 and set(history[:first]) == {0}
-
 
 def test_resting_automata_rebuild_exactly_and_draft_again(tiny_lm, uncached_greedy, monkeypatch):
     """With rests cut short (two idle steps, then rests of 2-4 steps), requests rest and wake

@@ -195,7 +195,7 @@ def test_greedy_speculation_is_lossless(drafter, tiny_lm, reference):
     def check(arrivals, schedule, seed):
         kwargs = SPECS[drafter](schedule, seed)
         executor = engine_lib.Engine(tiny_lm, scheduler=CONFIG, **kwargs).executor
-        # Adaptive K runs every width it prefers, not only those that repay a compile.
+        # Adaptive K runs every width it prefers at once, not once compiled in the background.
         with compiles.LEDGER.eager():
             added, done = run_workload(executor, arrivals)
         assert done.keys() == added.keys()

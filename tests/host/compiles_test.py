@@ -1,73 +1,110 @@
-"""The compile ledger: which programs are ready, what a compile costs, and when a width pays."""
+"""The compile ledger: programs compiled in the background or at once, and the persistent cache."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
 
 from jaxspec.host import compiles
 
 
-def test_a_program_is_ready_once_it_ran():
+class Gate:
+    """A build that blocks until released, and counts its calls."""
+
+    def __init__(self, value="program"):
+        self.value, self.calls = value, 0
+        self.release = threading.Event()
+
+    def __call__(self):
+        self.calls += 1
+        assert self.release.wait(10)
+        return self.value
+
+
+def test_a_requested_program_compiles_in_the_background_and_becomes_ready():
+    ledger, build = compiles.CompileLedger(), Gate()
+    ledger.request("k4", build)
+    assert not ledger.ready("k4") and ledger.pending("k4")
+    ledger.request("k4", build)                      # asked twice: compiled once
+    build.release.set()
+    ledger.wait()
+    assert ledger.ready("k4") and not ledger.pending("k4") and build.calls == 1
+    assert ledger.get("k4", build) == "program" and build.calls == 1
+    assert ledger.compiled_in_background == 1
+
+
+def test_get_compiles_at_once_or_waits_for_the_compile_under_way():
     ledger = compiles.CompileLedger()
-    assert not ledger.ready("k4")
-    ledger.ran("k4", seconds=3.0)
-    ledger.ran("k0")
-    assert ledger.ready("k4") and ledger.ready("k0") and not ledger.ready("k8")
+    assert ledger.get("k0", lambda: "plain") == "plain"
+    assert ledger.ready("k0")
+    build = Gate("k8 program")
+    ledger.request("k8", build)
+    threading.Timer(0.2, build.release.set).start()
+    assert ledger.get("k8", lambda: pytest.fail("compiled twice")) == "k8 program"
 
 
-def test_the_price_is_the_median_measured_compile():
+def test_eager_compiles_what_is_asked_for_at_once_and_nests():
     ledger = compiles.CompileLedger()
-    assert ledger.compile_seconds() == 0.0
-    for key, seconds in [("a", 8.0), ("b", None), ("c", 2.0), ("d", 5.0)]:
-        ledger.ran(key, seconds)
-    assert ledger.compile_seconds() == 5.0
-
-
-def test_nothing_measured_compiles_anything():
-    assert compiles.CompileLedger().worth_compiling("k4", lost_per_step=0.0, steps_left=0)
-
-
-def test_known_remaining_work_that_repays_the_compile_buys_it_at_once():
-    ledger = compiles.CompileLedger()
-    ledger.ran("k0", seconds=10.0)
-    assert not ledger.worth_compiling("k4", lost_per_step=0.1, steps_left=99)
-    assert ledger.worth_compiling("k4", lost_per_step=0.1, steps_left=100)
-
-
-def test_lost_time_accumulates_until_it_reaches_the_price():
-    """Ski rental: steps that could not repay the compile alone add up across requests."""
-    ledger = compiles.CompileLedger()
-    ledger.ran("k0", seconds=1.0)
-    decisions = [ledger.worth_compiling("k4", lost_per_step=0.25, steps_left=2)
-                 for _ in range(5)]
-    assert decisions == [False, False, False, True, True]
-    assert not ledger.worth_compiling("k8", lost_per_step=0.25, steps_left=2), "per program"
-    ledger.ran("k4", seconds=1.0)
-    assert not ledger.worth_compiling("k4", lost_per_step=0.25, steps_left=2), "account closed"
-
-
-def test_negative_losses_do_not_pay_back():
-    ledger = compiles.CompileLedger()
-    ledger.ran("k0", seconds=1.0)
-    for _ in range(10):
-        assert not ledger.worth_compiling("k4", lost_per_step=-1.0, steps_left=100)
-    assert ledger.worth_compiling("k4", lost_per_step=0.5, steps_left=0) is False
-    assert ledger.worth_compiling("k4", lost_per_step=0.5, steps_left=0) is True
-
-
-def test_eager_compiles_whatever_is_preferred_and_nests():
-    ledger = compiles.CompileLedger()
-    ledger.ran("k0", seconds=100.0)
     assert not ledger.is_eager
     with ledger.eager():
-        assert ledger.is_eager
         with ledger.eager():
-            assert ledger.worth_compiling("k4", lost_per_step=0.0, steps_left=0)
-        assert ledger.worth_compiling("k8", lost_per_step=0.0, steps_left=0)
-    assert not ledger.worth_compiling("k8", lost_per_step=0.0, steps_left=0)
+            ledger.request("k4", lambda: "k4")
+            assert ledger.ready("k4")
+        assert ledger.is_eager
     assert not ledger.is_eager
+    ledger.request("k8", lambda: "k8")
+    ledger.wait()
+    assert ledger.ready("k8")
 
 
-def test_forgetting_programs_keeps_the_price():
+def test_a_failed_background_compile_raises_where_the_program_is_collected():
     ledger = compiles.CompileLedger()
-    ledger.ran("k4", seconds=2.0)
-    ledger.worth_compiling("k8", lost_per_step=1.0, steps_left=0)
+
+    def broken():
+        raise RuntimeError("no such program")
+
+    ledger.request("bad", broken)
+    ledger.wait()
+    with pytest.raises(RuntimeError, match="no such program"):
+        ledger.ready("bad")
+
+
+def test_compile_times_are_measured_and_a_delay_slows_every_compile():
+    ledger = compiles.CompileLedger(delay=0.2)
+    assert ledger.compile_seconds() == 0.0
+    start = time.perf_counter()
+    ledger.get("a", lambda: "a")
+    assert time.perf_counter() - start >= 0.2
+    assert ledger.compile_seconds() >= 0.2
+
+
+def test_first_call_is_true_once_per_program_until_forgotten():
+    ledger = compiles.CompileLedger()
+    ledger.get("k4", lambda: "k4")
+    assert ledger.first_call("k4") and not ledger.first_call("k4")
     ledger.forget_programs()
-    assert not ledger.ready("k4") and ledger.compile_seconds() == 2.0
-    assert not ledger.worth_compiling("k8", lost_per_step=1.0, steps_left=0), "account emptied"
+    assert not ledger.ready("k4") and ledger.first_call("k4")
+
+
+def _cache_dir_after(code: str, env: dict) -> str:
+    script = ("import jax\nfrom jaxspec.host import compiles\n" + code
+              + "\nprint(jax.config.jax_compilation_cache_dir)")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_persistent_cache_is_on_by_default_and_a_user_setting_wins(tmp_path, monkeypatch):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["JAXSPEC_CACHE"] = str(tmp_path / "home")
+    on = _cache_dir_after("compiles.enable_persistent_cache(compiles.default_cache_dir())", env)
+    assert on == str(tmp_path / "home" / "xla") and (tmp_path / "home" / "xla").is_dir()
+    off = _cache_dir_after("compiles.enable_persistent_cache('')", env)
+    assert off in ("", "None")
+    mine = _cache_dir_after("compiles.enable_persistent_cache(compiles.default_cache_dir())",
+                            {**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")})
+    assert mine == str(tmp_path / "mine")

@@ -61,3 +61,16 @@ def test_steady_rate_is_unknown_when_every_iteration_compiled():
     stats.generated_tokens = 3
     stats.record_iteration(2.0, tokens=3, compiled=True)
     assert stats.steady_tokens_per_second is None
+
+
+def test_the_stall_ratio_compares_each_width_with_itself():
+    stats = stats_lib.RunStats()
+    for k, seconds in [(0, 1.0), (0, 1.2), (0, 1.1), (16, 4.0), (16, 4.4), (16, 4.2),
+                       (8, 9.0), (8, 2.0)]:           # too few steps at 8 to judge
+        stats.record_iteration(seconds, tokens=1, compiled=False, decode_k=k)
+    stats.record_iteration(50.0, tokens=1, compiled=True)   # a prefill: not a step gap
+    assert stats.stall_ratio == pytest.approx(max(1.2 / 1.1, 4.4 / 4.2))
+    stats.record_iteration(11.0, tokens=1, compiled=False, decode_k=0)
+    assert stats.stall_ratio == pytest.approx(11.0 / 1.15)
+    summary = stats.summary()
+    assert summary["max_step_gap_ms"] == 11000.0 and summary["stall_ratio"] > 9
