@@ -22,9 +22,12 @@ Procedure: the prompts are built first (earlier turns of a conversation answered
 decoding, `benchmarks.chat_prompts`). Every method then runs once untimed, which compiles every
 XLA shape the timed passes use (HF, which compiles nothing, only generates a few tokens after a
 short prompt); an adaptive method, which compiles a draft width when it first picks it, runs
-again while its untimed pass still compiled something (at most `MAX_WARMUPS` passes). Untimed
-passes compile every width adaptive K prefers at once (`compiles.LEDGER.eager()`, as a server's
-warm-up would), where a timed one compiles only a width that repays its compile. Then
+again while its untimed pass still compiled something (at most `MAX_WARMUPS` passes). What the
+control plane asks for compiles in the background, as for users (`jaxspec.host.compiles`); after
+each untimed pass the harness waits for those compiles, so no timed pass shares the CPU with one.
+`--eager` compiles every program asked for at once inside the untimed passes instead (the old
+protocol, reported as such). `benchmarks.as_user` times a fresh engine per request with nothing
+waited for. Then
 `--repeats` rounds each run every method once, in the order above, so drift
 on a shared machine hits all methods alike. Reported numbers are medians over rounds; a speedup
 is the median over rounds of the method's tokens/s divided by plain's in the same round
@@ -33,6 +36,7 @@ is the median over rounds of the method's tokens/s divided by plain's in the sam
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -100,6 +104,8 @@ class BenchConfig:
       temperature: 0 decodes greedily; above, every method samples, each token keyed by
         (SAMPLING_SEED, its position), so plain and speculative outputs stay comparable token
         by token (HF's sampling is not keyed so: no HF methods then).
+      eager: untimed passes compile every program asked for at once (the old protocol) rather
+        than in the background.
     """
 
     workload: str = "code_editing"
@@ -112,6 +118,7 @@ class BenchConfig:
     adaptive: bool = False
     pld_draft_len: int | None = None
     temperature: float = 0.0
+    eager: bool = False
 
     def __post_init__(self):
         if self.workload not in workloads.WORKLOADS:
@@ -298,8 +305,9 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             if hf_prefill_s is None:
                 hf_prefill_s = runs.hf_prefill_seconds(hf, prompts, stops)
         else:
-            with compiles.LEDGER.eager():
+            with compiles.LEDGER.eager() if cfg.eager else contextlib.nullcontext():
                 warmups[method] = one_pass(method)
+            compiles.LEDGER.wait()
             check(method, warmups[method], "warm-up")
             # Adaptive K compiles a width the first time it picks one: warm up again while a
             # pass still compiles, so the timed rounds mostly time decoding.
@@ -308,8 +316,9 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             for _ in range(MAX_WARMUPS - 1):
                 if not (adaptive and last.compiles):
                     break
-                with compiles.LEDGER.eager():
+                with compiles.LEDGER.eager() if cfg.eager else contextlib.nullcontext():
                     again = last = one_pass(method)
+                compiles.LEDGER.wait()
                 check(method, again, "warm-up")
                 warmups[method] = dataclasses.replace(
                     warmups[method], compiles=warmups[method].compiles + again.compiles,
@@ -510,6 +519,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--write", action="store_true",
                         help="update this workload's section of BENCHMARKS.md")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--eager", action="store_true",
+                        help="untimed passes compile every program asked for at once (the old "
+                             "protocol) instead of in the background")
     return parser
 
 
@@ -524,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
                       repeats=args.repeats, methods=tuple(args.methods.split(",")),
                       adaptive=args.adaptive, pld_draft_len=args.pld_draft_len,
-                      temperature=args.temperature)
+                      temperature=args.temperature, eager=args.eager)
     out = sys.stderr if args.json else sys.stdout
     command = " ".join(["python -m benchmarks.harness", *map(report.checkout_relative, argv)])
     try:

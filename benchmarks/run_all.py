@@ -8,7 +8,8 @@ Steps, each in its own process (a crash or a memory peak stays inside its step; 
 not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, the
 step floor (the kernels' cost on a few rows and at long context), the GPU step's op census
 (lowered for CUDA, no GPU needed), jaxspec vs HF greedy, the harness on every workload, the batch
-sweep, the context sweep (128 to 8k tokens), greedy equivalence and the mesh. Plots land
+sweep, the context sweep (128 to 8k tokens), greedy equivalence and the mesh; and AUTO beside SA
+and plain timed as users run them (`benchmarks.as_user`: a fresh engine per request). Plots land
 in benchmarks/plots/. The estimate is a cost model fitted on a 2-core machine (x86-64, JAX on
 CPU) that was quiet; on a machine shared with other work expect up to 2-3x longer. It is printed
 before the run, and each step's actual time next to it.
@@ -135,6 +136,13 @@ def harness_estimate(workload: str, n: int, tokens: int, repeats: int,
     return LOAD_S + earlier_turns + jax + hf
 
 
+def as_user_estimate(n: int, repeats: int) -> float:
+    """Seconds for methods timed as users run them: 4 workloads x n prompts x repeats x 4
+    methods, each a 192-token request at batch 1 (prefill included), plus a warm request each."""
+    requests = 4 * n * repeats * 4 + 4
+    return LOAD_S + requests * _pass_s(_prompt_tokens("code_editing", 1, 0), 1, 192, 1.5)
+
+
 def plain_vs_hf_estimate(tokens: int, repeats: int) -> float:
     """Seconds for jaxspec vs HF greedy: two child-process loads (one converting the GGUF),
     then a first pass and the rounds on each side."""
@@ -190,6 +198,10 @@ def plan(args) -> list[Step]:
                                   str(args.max_new_tokens), "--repeats", str(plain_repeats))
              + write, plain_vs_hf_estimate(args.max_new_tokens, plain_repeats)),
     ]
+    as_user_n = args.n if args.n is not None else DEFAULT_N
+    steps.append(Step("as_user", py + ("benchmarks.as_user", "--n", str(as_user_n), "--repeats",
+                                       str(plain_repeats)) + write,
+                      as_user_estimate(as_user_n, plain_repeats)))
     for name in args.workloads.split(","):
         workload = RUNS.get(name, name)
         n = args.n if args.n is not None else N_OVERRIDES.get(name, DEFAULT_N)

@@ -11,8 +11,8 @@ def test_default_plan(capsys):
     steps = run_all.plan_from([])
     names = [s.name for s in steps]
     assert names == ["host_overhead", "sa_overhead", "step_floor", "census", "plain_vs_hf",
-                     *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep", "context_sweep",
-                     "equivalence:code_editing", "equivalence:mtbench", "mesh"]
+                     "as_user", *(f"harness:{w}" for w in run_all.WORKLOADS), "sweep",
+                     "context_sweep", "equivalence:code_editing", "equivalence:mtbench", "mesh"]
     assert all(("--write" in s.argv) != ("overhead" in s.name) for s in steps)
     for s in steps[2:]:
         assert s.name in out
@@ -69,9 +69,9 @@ def test_skip_and_overrides():
     steps = run_all.plan_from(["--skip", "sa_overhead,harness:mtbench", "--n", "3",
                                "--workloads", "mtbench,humaneval"])
     assert [s.name for s in steps] == ["host_overhead", "step_floor", "census", "plain_vs_hf",
-                                       "harness:humaneval", "sweep", "context_sweep",
+                                       "as_user", "harness:humaneval", "sweep", "context_sweep",
                                        "equivalence:code_editing", "equivalence:mtbench", "mesh"]
-    assert steps[4].argv[steps[4].argv.index("--n") + 1] == "3"
+    assert steps[5].argv[steps[5].argv.index("--n") + 1] == "3"
     with pytest.raises(SystemExit):
         run_all.plan_from(["--skip", "nonsense"])
     steps = run_all.plan_from(["--contexts", "128,1024", "--context-repeats", "1",
