@@ -13,7 +13,9 @@ a draft verified up to `L` positions is
 mean with `PRIOR_WEIGHT` pseudo-observations: position 0's is the bucket's `PRIOR_MEAN` (chosen from
 SmolLM2's acceptance on the benchmark workloads: 1-token matches are rarely right, long ones
 usually) or, if higher, the estimate of position 0 in the bucket below (a longer match is not
-worse than a shorter one); position j's is the estimate of position j - 1. A position or bucket
+worse than a shorter one), capped by the estimate of any bucket above that was observed (nor is
+it better: where long matches fail, as in a prompt that quotes code the reply then departs from,
+the shorter ones are not each verified before they are believed to fail); position j's is the estimate of position j - 1. A position or bucket
 never reached so far thus inherits what the ones before it learned: with a fixed prior there
 instead, a width never verified keeps looking as poor as the prior says however well the shorter
 drafts do, and the draft length never grows to find out.
@@ -75,13 +77,17 @@ class AcceptancePredictor:
 
     def _first_prior(self, m: int) -> float:
         """Position 0's prior in bucket m: its `PRIOR_MEAN`, or what the bucket below learned
-        if that is higher (a longer match is not worse than a shorter one)."""
+        if that is higher (a longer match is not worse than a shorter one), or what an observed
+        bucket above learned if that is lower (nor is a shorter match better)."""
         prior = PRIOR_MEAN[0]
         for b in range(m):
             prior = max(PRIOR_MEAN[b], prior)
             prior = (self.accepted[b, 0] + PRIOR_WEIGHT * prior) / (self.reached[b, 0]
                                                                    + PRIOR_WEIGHT)
-        return max(PRIOR_MEAN[m], prior)
+        above = [(self.accepted[b, 0] + PRIOR_WEIGHT * PRIOR_MEAN[b])
+                 / (self.reached[b, 0] + PRIOR_WEIGHT)
+                 for b in range(m + 1, len(BUCKET_EDGES)) if self.reached[b, 0]]
+        return min([max(PRIOR_MEAN[m], prior), *above])
 
     def expected_accepted(self, match_len: int, draft_len: int, *,
                           explore: bool = False) -> np.ndarray:

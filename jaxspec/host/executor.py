@@ -270,6 +270,8 @@ class Executor:
         # Host drafters, adaptive K and the gates decide each step from the last one's outputs.
         p = self.policy
         self._overlappable = p.source in ("none", "sa") and not p.adaptive and self.gate is None
+        # ...except a batch whose automata all rest: its steps are plain ones (`_rests_hold`).
+        self._rest_chains = self._rests is not None and self.gate is None
         self._inflight: _InFlight | None = None
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
@@ -438,8 +440,10 @@ class Executor:
                 # dispatch the next step first.
                 if not self._chains():
                     events += self._drain()
-        compiled = (self._step_compiled
-                    or sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces)
+        traced = sum(step_lib.trace_count(name) for name in ENTRY_POINTS) > traces
+        if traced:
+            compiles_lib.settle_heap()      # what jit kept of the trace (compiles.py)
+        compiled = self._step_compiled or traced
         self.stats.record_iteration(time.perf_counter() - start,
                                     self.stats.generated_tokens - generated, compiled,
                                     decode_k)
@@ -704,9 +708,9 @@ class Executor:
         out = sharding.to_host(step.out)
         arrived = time.perf_counter()
         seconds = arrived - step.dispatched
-        if self.costs is not None and not step.compiled:
-            # Adaptive K never overlaps: its steps are read right after their dispatch, so the
-            # time is the step's own, as the cost model expects.
+        if self.costs is not None and not (step.compiled or step.key[0].chained):
+            # Adaptive K's steps are read right after their dispatch (but for chained bare
+            # ones), so the time is the step's own, as the cost model expects.
             reqs = step.plan.requests
             self.costs.observe(step.plan.rows, step.plan.k,
                                max(r.num_cached for r in reqs) + 1, seconds)
@@ -728,7 +732,8 @@ class Executor:
         costs the next step's row of its request, discarded; the length limit is known ahead,
         and a next step past it could also write KV beyond the pages reserved for the request."""
         step = self._inflight
-        if not (self.overlap and self._overlappable and step is not None):
+        if not (self.overlap and step is not None
+                and (self._overlappable or step.plan.bare and self._rest_chains)):
             return False
         reqs, k, s = step.plan.requests, step.plan.k, self.scheduler
         if len(s.running) != len(reqs) or any(r.finished for r in reqs):
@@ -739,6 +744,8 @@ class Executor:
             return False
         if self.policy.source == "none":
             return True
+        if not self._overlappable:
+            return self._rests_hold(step.plan)
         # The automata chain at the K their batch last had, above 0: while no row drafts, a step
         # is planned from the last one's outputs, which say whether it found drafts. The drafts
         # of the step in flight stand in for those it is making (the device caps the lengths).
@@ -749,12 +756,24 @@ class Executor:
                 and n * (1 + min(placeholder, cap)) <= self.config.max_num_tokens
                 and self._bucket_k(step.plan.rows, n, 0, cap) == k)
 
+    def _rests_hold(self, plan: _Plan) -> bool:
+        """Whether adaptive K may chain a bare step (every request resting) with another: its
+        plan needs nothing the step in flight returns while every rest lasts beyond the next
+        step, once that program is compiled (asked for in the background otherwise)."""
+        if any(self._rests[r.request_id].left < 2 for r in plan.requests):
+            return False
+        key, build = self._program(0, plan.requests, plan.rows, chained=True, bare=True)
+        self.compiles.request(key, build)
+        return self.compiles.ready(key)
+
     def _chain(self) -> list[TokenEvent]:
         """Dispatches the next step of the batch in flight, then reads and commits the step in
         flight while the device runs the next one."""
         start = time.perf_counter()
         step = self._inflight
         plan = step.plan
+        if self._rests is not None:
+            self._tick_rests(plan.requests)         # none ends (`_rests_hold`)
         for r in plan.requests:
             # Pages for what the step in flight and the next one may write.
             r.pages.ensure(r.num_cached + 2 * (1 + plan.k))

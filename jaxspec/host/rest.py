@@ -12,6 +12,10 @@ one extended token by token) and primed, and the request is judged again, sooner
 planned steps. A rest that follows a rest doubles `wait` (up to `MAX_WAIT`); a verified draft
 resets it. Only steps that allowed drafting count: a batch held at K = 0 by the schedule, a gate
 or the capacity check says nothing about a request's drafts.
+
+While every request of a batch rests, and will beyond the next step, its steps are plain ones
+and chain as plain decoding does (`Executor._rests_hold`): the host dispatches the next step
+before it reads the last.
 """
 
 REST_AFTER = 16          # planned steps without a verified draft before the first rest
@@ -44,6 +48,11 @@ class Rest:
     @property
     def resting(self) -> bool:
         return self._left > 0
+
+    @property
+    def left(self) -> int:
+        """Steps of the rest still to come (0: awake)."""
+        return self._left
 
     def planned(self, *, drafted: bool) -> bool:
         """One step planned while the request was awake and drafting was allowed, with

@@ -135,8 +135,9 @@ def test_warmup_compiles_the_schedules_programs_in_the_background(tiny_lm, uncac
 def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_greedy,
                                                             monkeypatch):
     """Drafts that never pay (verify steps priced far above plain ones): the requests' automata
-    rest, and then the plain steps leave the automata alone (a program without them), with the
-    output unchanged and the automata woken up exact."""
+    rest, and then the plain steps leave the automata alone (a program without them) and chain,
+    the host one step behind as in plain decoding, with the output unchanged and the automata
+    woken up exact."""
     monkeypatch.setattr(rest_lib, "REST_AFTER", 2)
     costs = cost_model_lib.StepCostModel()
     for k in range(0, 17):
@@ -149,7 +150,7 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
     dispatch = executor._dispatch
 
     def spy(plan, previous=None):
-        dispatched.append(plan.bare)
+        dispatched.append((plan.bare, previous is not None))
         return dispatch(plan, previous)
 
     monkeypatch.setattr(executor, "_dispatch", spy)
@@ -157,5 +158,18 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
     with executor.compiles.eager():
         out = engine.generate(prompt, max_new_tokens=48)
     assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
-    assert any(dispatched), "no step ran without the automata"
-    assert not all(dispatched)
+    assert (True, False) in dispatched, "no step ran without the automata"
+    assert (True, True) in dispatched, "no bare step chained"
+    assert (False, True) not in dispatched, "a step with automata chained"
+    assert not all(bare for bare, _ in dispatched)
+    # A stop token read one step behind, in a rest: the step dispatched after it is discarded.
+    prompt = random_prompts(0, [14], alphabet_size=3)[0]
+    free = uncached_greedy(tiny_lm, prompt, 48)
+    cut = 46                                          # its token's first occurrence
+    assert free[cut] not in free[:cut]
+    dispatched.clear()
+    params = js.SamplingParams(max_new_tokens=48, stop_token_ids=(free[cut],))
+    with executor.compiles.eager():
+        out = engine.generate(prompt, params=params)
+    assert out.token_ids == free[:cut + 1] and out.finish_reason == "stop"
+    assert dispatched[-1] == (True, True)

@@ -57,6 +57,19 @@ def test_positions_never_reached_inherit_what_the_shorter_ones_learned():
     assert np.allclose(predictor.probabilities(3), acceptance.PRIOR_MEAN[2])
 
 
+def test_unobserved_shorter_matches_are_predicted_no_better_than_a_failing_longer_one():
+    # Drafts behind 16-token matches rejected at once: the buckets below, never verified, fall
+    # to what 16 learned instead of their priors (0.55-0.75); the buckets above keep theirs.
+    predictor = acceptance.AcceptancePredictor(max_positions=4)
+    for _ in range(40):
+        predictor.observe(16, draft_len=4, accepted=0)
+    learned = predictor.probabilities(16)[0]
+    assert learned < 0.1
+    for match in (4, 6, 8, 12):
+        assert predictor.probabilities(match)[0] == pytest.approx(learned)
+    assert predictor.probabilities(24)[0] == pytest.approx(acceptance.PRIOR_MEAN[8])
+
+
 def test_observe_counts_reached_positions_only():
     predictor = acceptance.AcceptancePredictor(max_positions=6)
     before_r, before_a = predictor.reached.copy(), predictor.accepted.copy()

@@ -1,5 +1,6 @@
 """The compile ledger: programs compiled in the background or at once, and the persistent cache."""
 
+import gc
 import subprocess
 import sys
 import threading
@@ -108,3 +109,18 @@ def test_the_persistent_cache_is_on_by_default_and_a_user_setting_wins(tmp_path,
     mine = _cache_dir_after("compiles.enable_persistent_cache(compiles.default_cache_dir())",
                             {**env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")})
     assert mine == str(tmp_path / "mine")
+
+
+def test_a_compile_moves_what_the_process_holds_out_of_the_collectors_walks():
+    ledger, kept = compiles.CompileLedger(), []
+
+    def build():                                 # a trace leaves objects in jit's caches
+        kept.extend([i] for i in range(1000))
+        return "k2"
+
+    gc.unfreeze()
+    try:
+        assert ledger.get("k2", build) == "k2"
+        assert gc.get_freeze_count() >= 1000
+    finally:
+        gc.unfreeze()
