@@ -15,10 +15,11 @@ SmolLM2's acceptance on the benchmark workloads: 1-token matches are rarely righ
 usually) or, if higher, the estimate of position 0 in the bucket below (a longer match is not
 worse than a shorter one), capped by the estimate of any bucket above that was observed (nor is
 it better: where long matches fail, as in a prompt that quotes code the reply then departs from,
-the shorter ones are not each verified before they are believed to fail); position j's is the estimate of position j - 1. A position or bucket
-never reached so far thus inherits what the ones before it learned: with a fixed prior there
-instead, a width never verified keeps looking as poor as the prior says however well the shorter
-drafts do, and the draft length never grows to find out.
+the shorter ones are not each verified before they are believed to fail); position j's is the
+estimate of position j - 1. A position or bucket never reached so far thus inherits what the
+ones before it learned: with a fixed prior there instead, a width never verified keeps looking as
+poor as the prior says however well the shorter drafts do, and the draft length never grows to
+find out.
 
 Decisions explore (`explore=True`): position 0's estimate is raised by one standard deviation of
 its estimate, `sqrt(p (1 - p) / (reached + PRIOR_WEIGHT))`, which shrinks as the bucket is
