@@ -5,6 +5,7 @@ order, no randomness), returning at most `n` conversations:
 
 | name             | source                                   | what the reply can copy            |
 | ---------------- | ---------------------------------------- | ---------------------------------- |
+| agentic          | the same, edited over three agent turns  | the file and two earlier rewrites  |
 | code_editing     | CPython stdlib functions (`inspect`)     | the whole function, minus the edit |
 | document_qa      | `pydoc_data.topics` (language reference) | quoted sentences                   |
 | long_document_qa | chapters of the same, 4k-8k tokens       | quoted paragraphs, mid-document    |
@@ -21,6 +22,7 @@ install; callers print it and skip the workload. `python -m benchmarks.workloads
 
 from collections.abc import Callable
 
+from benchmarks.workloads.agentic import agentic as agentic
 from benchmarks.workloads.base import Conversation as Conversation
 from benchmarks.workloads.base import WorkloadUnavailable as WorkloadUnavailable
 from benchmarks.workloads.gettext_catalogs import translation as translation
@@ -35,6 +37,7 @@ from benchmarks.workloads.stdlib_code import code_editing as code_editing
 from benchmarks.workloads.stdlib_code import code_edits as code_edits
 
 WORKLOADS: dict[str, Callable[[int | None], list[Conversation]]] = {
+    "agentic": agentic,
     "code_editing": code_editing,
     "document_qa": document_qa,
     "humaneval": humaneval,

@@ -83,8 +83,8 @@ class CodeEdit:
     def __post_init__(self):
         if ":" not in self.function:
             raise ValueError(f"function must be 'module:qualname', got {self.function!r}")
-        node = _parse_function(self.source)
-        names = _identifiers(node)
+        node = parse_function(self.source)
+        names = identifiers(node)
         if self.rename is None:
             if NEW_PARAMETER in names:
                 raise ValueError(f"{self.function} already uses the name {NEW_PARAMETER!r}")
@@ -113,7 +113,7 @@ class CodeEdit:
                 f"```python\n{self.source.rstrip()}\n```")
 
 
-def _parse_function(source: str) -> ast.FunctionDef:
+def parse_function(source: str) -> ast.FunctionDef:
     node = ast.parse(source).body[0]
     if not isinstance(node, ast.FunctionDef):
         raise ValueError(f"expected the source of one function, got {type(node).__name__}")
@@ -126,7 +126,7 @@ def _parameters(node: ast.FunctionDef) -> list[str]:
     return [a.arg for a in every if a is not None]
 
 
-def _identifiers(node: ast.FunctionDef) -> set[str]:
+def identifiers(node: ast.FunctionDef) -> set[str]:
     """Every name the function's text mentions, so an added or renamed name can be checked fresh."""
     names = {node.name, *_parameters(node)}
     for child in ast.walk(node):
@@ -152,14 +152,19 @@ def _uses(node: ast.FunctionDef) -> collections.Counter[str]:
     return uses
 
 
-def _rename_target(node: ast.FunctionDef) -> str | None:
-    """The most used name the function binds (ties: alphabetical, never `self`/`cls`), or None if
-    none is used MIN_USES times with a renamed form that is still free."""
-    uses, taken = _uses(node), _identifiers(node)
+def rename_candidates(node: ast.FunctionDef) -> list[str]:
+    """The names the function binds that are used MIN_USES times, with a renamed form that is
+    still free, never `self`/`cls`: the most used first (ties: alphabetical)."""
+    uses, taken = _uses(node), identifiers(node)
     candidates = [name for name in sorted(uses)
                   if name not in ("self", "cls") and uses[name] >= MIN_USES
                   and name + RENAME_SUFFIX not in taken]
-    return max(candidates, key=lambda name: uses[name], default=None)
+    return sorted(candidates, key=lambda name: -uses[name])
+
+
+def _rename_target(node: ast.FunctionDef) -> str | None:
+    """The most used rename candidate, or None."""
+    return next(iter(rename_candidates(node)), None)
 
 
 def code_edits(n: int | None = None) -> list[CodeEdit]:
@@ -176,10 +181,10 @@ def code_edits(n: int | None = None) -> list[CodeEdit]:
         source = textwrap.dedent(inspect.getsource(obj))
         if not MIN_LINES <= len(source.splitlines()) <= MAX_LINES:
             continue
-        node = _parse_function(source)
+        node = parse_function(source)
         target = _rename_target(node)
         renames = [] if target is None else [(target, target + RENAME_SUFFIX)]
-        new_parameters = [] if NEW_PARAMETER in _identifiers(node) else [None]
+        new_parameters = [] if NEW_PARAMETER in identifiers(node) else [None]
         options = renames + new_parameters if i % 2 == 0 else new_parameters + renames
         if options:
             edits.append(CodeEdit(function=function, source=source, rename=options[0]))

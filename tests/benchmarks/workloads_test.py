@@ -3,9 +3,13 @@
 import ast
 import contextlib
 import gzip
+import inspect
 import io
 import json
+import pkgutil
 from pydoc_data import topics as pydoc_topics
+import re
+import textwrap
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -18,12 +22,13 @@ from benchmarks.workloads import base
 from benchmarks.workloads import gettext_catalogs
 from benchmarks.workloads import pydoc_chapters
 from benchmarks.workloads import stdlib_code
+from benchmarks.workloads.agentic import MAX_LINES as AGENTIC_MAX_LINES
 
 # Sizes of the published datasets; the stdlib-derived workloads depend on the Python version and
 # the system, so they get lower bounds.
 EXACT_COUNTS = {"humaneval": 164, "mtbench": 80, "mtbench_turn1": 80}
-MIN_COUNTS = {"code_editing": 20, "document_qa": 30, "long_document_qa": 5, "raw_text": 30,
-              "translation": 100}
+MIN_COUNTS = {"agentic": 15, "code_editing": 20, "document_qa": 30, "long_document_qa": 5,
+              "raw_text": 30, "translation": 100}
 
 
 class WorkloadsTestCase(parameterized.TestCase):
@@ -189,6 +194,36 @@ class CodeEditingTest(absltest.TestCase):
                                     rename=None)
         self.assertStartsWith(edit.prompt, "Add a keyword-only parameter `verbose=False` to this "
                                            "Python method.")
+
+
+class AgenticTest(absltest.TestCase):
+
+    def test_three_turns_over_the_real_source_each_edit_on_names_it_binds(self):
+        conversations = workloads.agentic()
+        for c in conversations:
+            module, qualname = c.name.removeprefix("agentic/").split(":")
+            function = pkgutil.resolve_name(f"{module}:{qualname}")
+            source = textwrap.dedent(inspect.getsource(function))
+            first, second, third = c.turns
+            self.assertIn(source.rstrip(), first)
+            self.assertLessEqual(len(source.splitlines()), AGENTIC_MAX_LINES)
+            self.assertIn("`verbose=False`", second)
+            self.assertNotIn("verbose", source)
+            renamed = [re.search(r"Rename the variable `(\w+)` to `(\w+)`", t).groups()
+                       for t in (first, third)]
+            self.assertNotEqual(renamed[0][0], renamed[1][0])
+            for old, new in renamed:
+                self.assertIn(old, _bound_names(source), c.name)
+                self.assertEqual(new, old + "_value")
+                self.assertNotIn(new, source, c.name)
+            for turn in (second, third):
+                self.assertIn("your latest version", turn)
+
+    def test_functions_differ_from_code_editings_first_ones(self):
+        first = {c.name.split("/", 1)[1].split(":", 1)[1] for c in workloads.agentic(4)}
+        edits = {c.name.split("/", 1)[1].rsplit(":", 1)[0].split(":", 1)[1]
+                 for c in workloads.code_editing(4)}
+        self.assertEmpty(first & edits)
 
 
 class DocumentQATest(absltest.TestCase):

@@ -124,3 +124,17 @@ def test_a_compile_moves_what_the_process_holds_out_of_the_collectors_walks():
         assert gc.get_freeze_count() >= 1000
     finally:
         gc.unfreeze()
+
+
+def test_a_background_compile_switches_threads_often_and_restores_the_interval():
+    ledger, seen, before = compiles.CompileLedger(), [], sys.getswitchinterval()
+
+    def build():
+        seen.append(sys.getswitchinterval())
+        return "program"
+
+    ledger.get("k0", build)                       # at once, on the main thread
+    ledger.request("k1", build)
+    ledger.wait()
+    assert seen == [before, pytest.approx(compiles.SWITCH_INTERVAL_S)]
+    assert sys.getswitchinterval() == before
