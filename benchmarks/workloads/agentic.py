@@ -19,7 +19,6 @@ instruction, as an agent framework writes them:
 """
 
 import inspect
-import pkgutil
 import textwrap
 
 from benchmarks.workloads import stdlib_code
@@ -60,9 +59,8 @@ def agentic(n: int | None = None) -> list[Conversation]:
     for function in reversed(stdlib_code.FUNCTIONS):
         if n is not None and len(conversations) == n:
             break
-        try:
-            obj = pkgutil.resolve_name(function)
-        except (ImportError, AttributeError):  # not in this Python version
+        obj = stdlib_code.resolve(function)
+        if obj is None:
             continue
         lines, first_line = inspect.getsourcelines(obj)
         source = textwrap.dedent("".join(lines))

@@ -167,6 +167,14 @@ def _rename_target(node: ast.FunctionDef) -> str | None:
     return next(iter(rename_candidates(node)), None)
 
 
+def resolve(function: str):
+    """The object `module:qualname` names, or None if this Python version lacks it."""
+    try:
+        return pkgutil.resolve_name(function)
+    except (ImportError, AttributeError):
+        return None
+
+
 def code_edits(n: int | None = None) -> list[CodeEdit]:
     """The edit requests behind `code_editing`, in FUNCTIONS order (at most `n`)."""
     n = check_count(n)
@@ -174,9 +182,8 @@ def code_edits(n: int | None = None) -> list[CodeEdit]:
     for i, function in enumerate(FUNCTIONS):
         if n is not None and len(edits) == n:
             break
-        try:
-            obj = pkgutil.resolve_name(function)
-        except (ImportError, AttributeError):  # not in this Python version
+        obj = resolve(function)
+        if obj is None:
             continue
         source = textwrap.dedent(inspect.getsource(obj))
         if not MIN_LINES <= len(source.splitlines()) <= MAX_LINES:

@@ -198,7 +198,6 @@ class CompileLedger:
 
 LEDGER = CompileLedger()
 
-
 MIN_CACHED_COMPILE_SECONDS = 0.5     # quicker compiles are not worth a file
 
 
