@@ -54,9 +54,11 @@ from benchmarks import workloads
 from jaxspec import engine as engine_lib
 from jaxspec.host import compiles
 
-METHODS = ("plain", "sa", "ngram", "auto", "oracle", "hf_greedy", "hf_pld")
+METHODS = ("plain", "sa", "sa_frequent", "ngram", "auto", "oracle", "hf_greedy", "hf_pld")
 HF_METHODS = ("hf_greedy", "hf_pld")
-LABELS = {"plain": "jaxspec plain", "sa": "jaxspec SA", "ngram": "jaxspec NGram",
+ADAPTABLE = ("sa", "sa_frequent", "ngram")      # methods that --adaptive makes adaptive
+LABELS = {"plain": "jaxspec plain", "sa": "jaxspec SA", "sa_frequent": "jaxspec SA frequent",
+          "ngram": "jaxspec NGram",
           "auto": "jaxspec AUTO", "oracle": "jaxspec oracle", "hf_greedy": "HF greedy",
           "hf_pld": "HF prompt lookup"}
 # The issues' goals, checked where their workload runs: (numerator, denominator, minimum).
@@ -152,9 +154,11 @@ class BenchConfig:
 
 def spec_for(method: str, max_draft_len: int, adaptive: bool = False):
     """The engine spec of a jaxspec method other than the oracle."""
-    name = {"plain": "none"}.get(method, method)
+    name = {"plain": "none", "sa_frequent": "sa"}.get(method, method)
     spec = engine_lib.spec_from_name(name, None if method == "auto" else max_draft_len)
-    if adaptive and method in ("sa", "ngram"):
+    if method == "sa_frequent":
+        spec = dataclasses.replace(spec, selection="frequent")
+    if adaptive and method in ADAPTABLE:
         spec = dataclasses.replace(spec, adaptive=True)
     return spec
 
@@ -311,7 +315,7 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             check(method, warmups[method], "warm-up")
             # Adaptive K compiles a width the first time it picks one: warm up again while a
             # pass still compiles, so the timed rounds mostly time decoding.
-            adaptive = method == "auto" or (cfg.adaptive and method in ("sa", "ngram"))
+            adaptive = method == "auto" or (cfg.adaptive and method in ADAPTABLE)
             last = warmups[method]
             for _ in range(MAX_WARMUPS - 1):
                 if not (adaptive and last.compiles):
@@ -423,7 +427,7 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
                     f"({_fmt(m['drafting_overhead_pct'], '.2f', '%')})"
                     if m.get("drafting_overhead_ms_per_step") is not None else "–")
         of_oracle = (_fmt(100 * m["speedup"] / oracle_speedup, ".0f", "%")
-                     if oracle_speedup and method in ("sa", "ngram", "auto") else "–")
+                     if oracle_speedup and method in (*ADAPTABLE, "auto") else "–")
         compiles = ("–" if m["compiles_warmup"] is None
                     else f"{m['compiles_warmup']} / {m['compiles_timed']}")
         lines.append(

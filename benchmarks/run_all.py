@@ -53,7 +53,7 @@ EXTRA_ARGS = {"code_editing": EDITING_ARGS, "agentic": EDITING_ARGS,
               "raw_text_sampled": ("--max-new-tokens", "128", "--temperature", "0.8")}
 EXTRA_TOKENS = {"code_editing": 192, "agentic": 192, "mtbench_turn1": 192, "raw_text": 128,
                 "raw_text_sampled": 128}
-JAXSPEC_METHODS = ("plain", "sa", "ngram", "auto", "oracle")
+JAXSPEC_METHODS = ("plain", "sa", "sa_frequent", "ngram", "auto", "oracle")
 CONTEXTS = "128,512,1024,2048,4096,8000"
 # Cost model (seconds) of a quiet 2-core x86-64 machine, fitted on runs there (load average ~1):
 # code_editing n=2, 64 tokens, 3 repeats took 271 s (model: 282 s); the sweep at 1,2,4,8 with 24

@@ -28,6 +28,24 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_float(name: str, value, minimum: float, maximum: float | None = None, *,
+                open_minimum: bool = False) -> float:
+    """Returns `value` as a float within its bounds (the minimum excluded with `open_minimum`),
+    or raises ValueError naming `name` and the value."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    low = value > minimum if open_minimum else value >= minimum
+    if not (low and (maximum is None or value <= maximum)):      # also refuses NaN
+        bound = f"> {minimum}" if open_minimum else f">= {minimum}"
+        bound += "" if maximum is None else f" and <= {maximum}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
 def check_gate_fields(window, threshold) -> tuple[int | None, float | None]:
     """The acceptance gate's (window, threshold), validated and normalised (None stays None)."""
     if window is not None:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import dataclasses
 
 from jaxspec._validate import check_bool
+from jaxspec._validate import check_float
 from jaxspec._validate import check_gate
 from jaxspec._validate import check_gate_fields
 from jaxspec._validate import check_int
@@ -99,6 +100,9 @@ class NGramConfig(_DrafterFields):
             check_bool(name, getattr(self, name))
 
 
+SELECTIONS = ("first", "frequent")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SAConfig(_DrafterFields):
     """The on-device suffix automaton drafter (TensorRT-LLM ``SADecodingConfig``).
@@ -112,6 +116,14 @@ class SAConfig(_DrafterFields):
         has an admitted draft runs as plain decoding (1 reproduces TensorRT-LLM, which verifies
         every draft). Drafts after a 1-token match are rarely accepted (BENCHMARKS.md), so
         verifying them costs more than it returns; 2 is the default.
+      selection: "first" drafts what followed the first occurrence of the longest match, on the
+        device (TensorRT-LLM's semantics); "frequent" drafts, over every match length, the
+        continuation most occurrences agree on (SuffixDecoding's scoring, on the host:
+        `jaxspec.host.frequent`, where M >= 1 caps the match lengths scored).
+      min_token_prob: "frequent" only: a draft stops before a token whose probability (the
+        share of occurrences agreeing, multiplied along the draft) is under this.
+      max_spec_factor: "frequent" only: a draft is at most this many times its match length
+        (None: only K limits it).
     """
 
     max_matching_ngram_size: int = -1  # longest match: no length to tune
@@ -119,10 +131,19 @@ class SAConfig(_DrafterFields):
     global_pool_size: int | None = None  # derived from max_batch_size by the slot manager
     min_match_len: int = 2  # 1-token matches draft noise (see above)
     adaptive: bool = False  # fixed K, as TensorRT-LLM
+    selection: str = "first"  # TensorRT-LLM's
+    min_token_prob: float = 0.1  # SuffixDecoding's default
+    max_spec_factor: float | None = None  # 4 and 2 drafted 5-13% less per step (frequent.py)
 
     def __post_init__(self):
         super().__post_init__()
         check_bool("adaptive", self.adaptive)
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        _set(self, "min_token_prob", check_float("min_token_prob", self.min_token_prob, 0.0, 1.0))
+        if self.max_spec_factor is not None:
+            _set(self, "max_spec_factor", check_float("max_spec_factor", self.max_spec_factor,
+                                                      0.0, open_minimum=True))
         ngram = check_int("max_matching_ngram_size", self.max_matching_ngram_size, minimum=-1)
         if ngram == 0:
             raise ValueError("max_matching_ngram_size must be -1 (longest match) or >= 1, got 0")

@@ -6,7 +6,8 @@ own `Drafter`, optionally with an `SAEnhancerConfig`); the executor works from t
 `SpecPolicy` it resolves to, and from nothing else:
 
     source "none"   plain decoding.
-    source "host"   a host `Drafter` (the n-gram pool, a user drafter) drafts before every step;
+    source "host"   a host `Drafter` (the n-gram pool, frequency-scored suffix drafts, a user
+                    drafter) drafts before every step;
                     with `enhancer_threshold` set, a device automaton per request also runs and its
                     drafts replace the host drafts of rows whose match is that long.
     source "sa"     the device automata draft inside the step (`jaxspec.device.step`).
@@ -128,6 +129,11 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
 
         extra["adaptive"] = spec.adaptive
         spec = ngram.NGramDrafter(spec)
+    if isinstance(spec, config_lib.SAConfig) and spec.selection == "frequent":
+        from jaxspec.host import frequent
+
+        extra["adaptive"] = spec.adaptive
+        spec = frequent.FrequentDrafter(spec)
     if isinstance(spec, drafter_lib.Drafter):
         if enhancer is not None:
             extra.update(enhancer_threshold=enhancer.threshold,

@@ -26,6 +26,8 @@ def method_of(spec) -> str:
         return "plain"
     if isinstance(spec, oracle.OracleDrafter):
         return "oracle"
+    if isinstance(spec, config_lib.SAConfig) and spec.selection == "frequent":
+        return "sa_frequent"
     return {config_lib.SAConfig: "sa", config_lib.NGramConfig: "ngram",
             config_lib.AutoConfig: "auto"}[type(spec)]
 
@@ -116,6 +118,8 @@ def test_spec_for_each_method():
     assert harness.spec_for("sa", 16, adaptive=True) == config_lib.SAConfig(max_draft_len=16,
                                                                              adaptive=True)
     assert harness.spec_for("ngram", 8, adaptive=True).adaptive
+    assert harness.spec_for("sa_frequent", 16, adaptive=True) == config_lib.SAConfig(
+        max_draft_len=16, adaptive=True, selection="frequent")
     assert harness.spec_for("auto", None, adaptive=True) == config_lib.AutoConfig()
 
 
@@ -134,8 +138,8 @@ def test_protocol_and_arithmetic(scripted):
     cfg = harness.BenchConfig(methods=harness.METHODS, repeats=3, max_draft_len=3)
     results = harness.compare(None, None, PROMPTS, cfg, hf=FakeHF(), progress=False)
     # One warm-up per jaxspec method plus the rounds; HF warms up outside the scripted passes.
-    assert script.calls == {"plain": 4, "sa": 4, "ngram": 4, "auto": 4, "oracle": 4,
-                            "hf_greedy": 3, "hf_pld": 3}
+    assert script.calls == {"plain": 4, "sa": 4, "sa_frequent": 4, "ngram": 4, "auto": 4,
+                            "oracle": 4, "hf_greedy": 3, "hf_pld": 3}
     assert set(script.lookups) == {None, 3}
     m = results["methods"]
     assert list(m) == list(harness.METHODS)
@@ -224,7 +228,7 @@ def test_without_hf_the_hf_methods_are_left_out(scripted):
     scripted()
     results = harness.compare(None, None, PROMPTS, harness.BenchConfig(repeats=1), hf=None,
                               progress=False)
-    assert list(results["methods"]) == ["plain", "sa", "ngram", "auto", "oracle"]
+    assert list(results["methods"]) == ["plain", "sa", "sa_frequent", "ngram", "auto", "oracle"]
 
 
 def test_sampled_runs_key_every_method_and_leave_hf_out(scripted):
