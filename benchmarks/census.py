@@ -281,6 +281,7 @@ def lower(k: int, dtype: str, *, num_layers: int | None = None, batch: int = 1,
     from jaxspec.device import sampling
     from jaxspec.device import step as step_lib
     from jaxspec.models import llama
+    from jaxspec.models import precision
 
     shape = dict(gpu_sections.SMOLLM2_SHAPE if shape is None else shape)
     if num_layers is not None:
@@ -289,8 +290,10 @@ def lower(k: int, dtype: str, *, num_layers: int | None = None, batch: int = 1,
     weights_dtype = jnp.dtype(dtype)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: llama.LlamaForCausalLM(
         cfg, rngs=nnx.Rngs(0))))
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, weights_dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), params)
+    params = nnx.from_flat_state([
+        (path, var.replace(jax.ShapeDtypeStruct(var.shape, precision.param_dtype(
+            var, weights_dtype) if jnp.issubdtype(var.dtype, jnp.floating) else var.dtype)))
+        for path, var in nnx.to_flat_state(params)])
     pages = jax.ShapeDtypeStruct((cfg.num_layers, CONTEXT_PAGES + 1, PAGE_SIZE, cfg.num_kv_heads,
                                   cfg.resolved_head_dim), weights_dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)              # noqa: E731

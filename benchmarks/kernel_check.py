@@ -11,8 +11,9 @@ requests finish and others reuse their slots. Compared exactly (integers): every
 lengths, drafts and draft lengths; at the end every array of every slot, and a few slots against
 the host builder run on the whole text they were given.
 
-Attention (`check_attention`): cached-attention partials of the kernel and the reference
-(computed at `Precision.HIGHEST`, like the kernel's dots) over random pages, lengths from 0 to
+Attention (`check_attention`): the fast path's attention partials (`attention_partials`: the
+cached slots and the 1 + K new tokens) of the kernel and the reference (computed at
+`Precision.HIGHEST`, like the kernel's dots) over random pages and new keys, lengths from 0 to
 the context with page boundaries among them; `acc / l` and `m + log l` agree within
 `ATTENTION_TOLERANCE`.
 
@@ -184,33 +185,34 @@ def _compare_states(case: str, states: dict, texts: list[list[int]], capacity: i
 
 
 def attention_fn(implementation: str, *, interpret: bool, layer: int, queries: int):
-    """Cached attention `(q, k_pages, v_pages, page_table, lengths) -> (acc, m, l)` of one
-    implementation, jitted; the kernel in the interpreter with `interpret`."""
+    """Attention partials `(q, k_new, v_new, k_pages, v_pages, page_table, lengths) -> (acc, m,
+    l)` of one implementation, jitted; the kernel in the interpreter with `interpret`."""
     if implementation == "pallas" and interpret:
         from jaxspec.pallas_kernels import paged_attention
 
-        return functools.partial(paged_attention.cached_attention, layer=layer,
+        return functools.partial(paged_attention.attention_partials, layer=layer,
                                  pages_per_block=ops.KERNEL_PAGES_PER_BLOCK, interpret=True)
     return jax.jit(functools.partial(
-        ops.cached_attention, layer=layer, implementation=implementation,
+        ops.attention_partials, layer=layer, implementation=implementation,
         pages_per_block=attention.pages_per_block(KV_HEADS, queries)))
 
 
 def attention_inputs(batch: int, k: int, context: int, dtype, *, seed: int, num_layers: int = 2):
-    """`(q, k_pages, v_pages, page_table, lengths)` of SmolLM2's attention shapes: `batch` rows
-    verifying K drafts (Q = 3 * (1 + K) queries per KV head) over up to `context` cached tokens,
-    each row on its own pages (page 0 is the null page)."""
+    """`(q, k_new, v_new, k_pages, v_pages, page_table, lengths)` of SmolLM2's attention shapes:
+    `batch` rows verifying K drafts (1 + K new tokens, Q = 3 * (1 + K) queries per KV head) over
+    up to `context` cached tokens, each row on its own pages (page 0 is the null page)."""
     rng = np.random.default_rng([seed, batch, k, context])
     width = -(-context // PAGE_SIZE)
     lengths = rng.integers(0, context + 1, batch)
     specials = [context, 0, PAGE_SIZE, PAGE_SIZE * 8 + 1, context - 1]   # edges and boundaries
     lengths[:min(batch, len(specials))] = np.clip(specials[:batch], 0, context)
     table = (1 + rng.permutation(batch * width)).reshape(batch, width).astype(np.int32)
-    key_k, key_v, key_q = jax.random.split(jax.random.key(seed), 3)
+    key_k, key_v, key_q, key_new = jax.random.split(jax.random.key(seed), 4)
     shape = (num_layers, 1 + batch * width, PAGE_SIZE, KV_HEADS, HEAD_DIM)
     queries = GROUP * (1 + k)
+    k_new, v_new = jax.random.normal(key_new, (2, batch, KV_HEADS, 1 + k, HEAD_DIM), jnp.float32)
     return (jax.random.normal(key_q, (batch, KV_HEADS, queries, HEAD_DIM), jnp.float32)
-            * HEAD_DIM ** -0.5,
+            * HEAD_DIM ** -0.5, k_new, v_new,
             jax.random.normal(key_k, shape, jnp.float32).astype(dtype),
             jax.random.normal(key_v, shape, jnp.float32).astype(dtype),
             jnp.asarray(table), jnp.asarray(lengths, jnp.int32))
@@ -222,11 +224,11 @@ def check_attention(batch: int, k: int, context: int, dtype: str, *, seed: int,
 
     Returns:
       `{"case", "max_abs_error", "tolerance"}`: the largest difference of `acc / l` and of
-      `m + log l` over rows with cached keys.
+      `m + log l` over every query.
 
     Raises:
-      Mismatch: a difference above `ATTENTION_TOLERANCE`, or rows empty in one and not the
-        other.
+      Mismatch: a difference above `ATTENTION_TOLERANCE`, or a query with nothing visible in
+        either (each sees at least its own new key).
     """
     case = f"attention batch {batch}, K={k}, context {context}, {dtype} pages"
     layer = 1
@@ -237,13 +239,10 @@ def check_attention(batch: int, k: int, context: int, dtype: str, *, seed: int,
     got = attention_fn("pallas", interpret=interpret, layer=layer, queries=queries)(*args)
     (acc_w, m_w, l_w), (acc_g, m_g, l_g) = ([np.asarray(x, np.float64) for x in out]
                                             for out in (want, got))
-    empty = l_w == 0
-    if not np.array_equal(empty, l_g == 0):
-        raise Mismatch(f"{case}: rows without cached keys differ (row lengths "
-                       f"{np.asarray(args[4]).tolist()})")
-    live = ~empty
-    out_w, out_g = acc_w[live] / l_w[live][:, None], acc_g[live] / l_g[live][:, None]
-    lse_w, lse_g = m_w[live] + np.log(l_w[live]), m_g[live] + np.log(l_g[live])
+    if not (l_w > 0).all() or not (l_g > 0).all():
+        raise Mismatch(f"{case}: a query without a visible key (every query sees its own)")
+    out_w, out_g = acc_w / l_w[..., None], acc_g / l_g[..., None]
+    lse_w, lse_g = m_w + np.log(l_w), m_g + np.log(l_g)
     error = max(np.abs(out_w - out_g).max(initial=0.0), np.abs(lse_w - lse_g).max(initial=0.0))
     if not error <= ATTENTION_TOLERANCE:
         raise Mismatch(f"{case}: largest difference {error:.3g} > {ATTENTION_TOLERANCE} "

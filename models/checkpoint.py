@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import llama
+from jaxspec.models import precision
 
 # The model's fused projections and the canonical ones each is made of, in order.
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -90,7 +91,8 @@ def param_shapes(cfg: llama.LlamaConfig) -> dict[str, tuple[int, ...]]:
 def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray],
                 dtype=np.float32) -> llama.LlamaForCausalLM:
     """The model for `cfg` holding `params` (canonical layout), as `dtype` copies on the default
-    device, so a memory-mapped cache file is read and converted once, here.
+    device (the norms' scales stay float32: `precision.param_dtype`), so a memory-mapped cache
+    file is read and converted once, here.
 
     Raises:
       ValueError: a parameter is missing, unexpected, or has the wrong shape.
@@ -108,7 +110,7 @@ def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray],
     abstract = nnx.eval_shape(lambda: llama.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
 
-    def value(path):
+    def value(path, var):
         name, layer = _canonical_name(".".join(map(str, path)))
         module = _fused_module(name)
         if module is not None:
@@ -116,9 +118,10 @@ def build_model(cfg: llama.LlamaConfig, params: dict[str, np.ndarray],
                                    for part in _FUSED[module]], cfg)
         else:
             array = params[name] if layer is None else params[name][layer]
-        return jax.device_put(np.asarray(array, np.float32).astype(dtype))
+        return jax.device_put(np.asarray(array, np.float32).astype(
+            precision.param_dtype(var, dtype)))
 
-    flat = [(path, var.replace(value(path))) for path, var in nnx.to_flat_state(state)]
+    flat = [(path, var.replace(value(path, var))) for path, var in nnx.to_flat_state(state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

@@ -4,6 +4,11 @@ Implements `jaxspec.device.model.CausalLM` over the paged KV cache. Each decoder
 weights and the forward is an unrolled Python loop. A `lax.scan` over stacked weights compiles
 faster, but XLA's CPU backend materialises every layer's dynamic weight slice before the matmul,
 which multiplies the memory traffic of a decode step that is bound by it.
+
+In the fast path the activations are float32 whatever the weights' dtype: each projection reads
+its input in the weights' dtype and returns float32 (`project`), so a bfloat16 model converts
+once per matmul input and nowhere else (norms, RoPE and attention run on float32 as they would
+anyway), where bfloat16 activations cost a conversion in and out of every float32 computation.
 """
 
 import dataclasses
@@ -18,6 +23,7 @@ from jaxspec.device import kv_cache
 from jaxspec.device import linear
 from jaxspec.device import model as model_lib
 from jaxspec.device import ops
+from jaxspec.models import precision
 
 FEW_POSITIONS = 64           # logits of up to this many positions take the table-first matmul
 
@@ -66,7 +72,7 @@ class RMSNorm(nnx.Module):
     """Root-mean-square norm, computed in float32 whatever the activations' dtype."""
 
     def __init__(self, dim: int, eps: float):
-        self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.weight = precision.Float32Param(jnp.ones((dim,), jnp.float32))
         self.eps = eps
 
     def __call__(self, x):
@@ -88,6 +94,14 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def project(x: jax.Array, dense: nnx.LinearGeneral | nnx.Linear) -> jax.Array:
+    """x [..., in] @ dense's kernel [in, *out] -> f32[..., *out]: x read in the kernel's dtype,
+    the products accumulated and returned in float32."""
+    w = dense.kernel[...]
+    return jax.lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
 
 
 class DecoderLayer(nnx.Module):
@@ -124,15 +138,15 @@ class DecoderLayer(nnx.Module):
         cfg = self.cfg
         b, t, _ = x.shape
         hd, groups = cfg.resolved_head_dim, cfg.num_heads // cfg.num_kv_heads
-        qkv = self.qkv_proj(self.input_norm(x))                         # [B, T, Hkv, G + 2, hd]
+        qkv = project(self.input_norm(x), self.qkv_proj)                # [B, T, Hkv, G + 2, hd]
         q = rope(qkv[:, :, :, :groups].reshape(b, t, cfg.num_heads, hd), positions,
                  cfg.rope_theta)
         k = rope(qkv[:, :, :, groups], positions, cfg.rope_theta)
         v = qkv[:, :, :, groups + 1]
         a = ops.paged_attention(q, k, v, kv, layer, view)
-        x = x + self.o_proj(a.reshape(b, t, cfg.num_heads * hd))
-        gate_up = self.gate_up_proj(self.post_norm(x))                  # [B, T, 2, I]
-        x = x + self.down_proj(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1])
+        x = x + project(a.reshape(b, t, cfg.num_heads * hd), self.o_proj)
+        gate_up = project(self.post_norm(x), self.gate_up_proj)         # [B, T, 2, I]
+        x = x + project(jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1], self.down_proj)
         return x, k, v
 
     def exact(self, x, positions, kv: kv_cache.KVPages, layer: int, view):
@@ -182,7 +196,8 @@ class LlamaForCausalLM(nnx.Module):
 
     @property
     def dtype(self) -> jnp.dtype:
-        """The weights' and activations' dtype (`jaxspec.models.precision.cast` sets it)."""
+        """The weights' dtype (`jaxspec.models.precision.cast` sets it): the KV cache's
+        default."""
         return self.embed.embedding[...].dtype
 
     @property
@@ -205,6 +220,7 @@ class LlamaForCausalLM(nnx.Module):
                 with jax.named_scope(f"layer{i}"):
                     x, kv = layer.exact(x, positions, kv, i, view)
             return x, kv
+        x = x.astype(jnp.float32)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer{i}"):     # names each layer's ops (benchmarks.census)
@@ -280,8 +296,9 @@ class LlamaForCausalLM(nnx.Module):
                              implementation=view.implementation)
             return out.reshape(*hidden.shape[:-1], -1)
         if self.lm_head is not None:
-            return jnp.dot(hidden, self.lm_head.kernel[...], preferred_element_type=jnp.float32)
+            return project(hidden, self.lm_head)
         table = self.embed.embedding[...]                                        # [V, D]
+        hidden = hidden.astype(table.dtype)
         if 2 <= math.prod(hidden.shape[:-1]) <= FEW_POSITIONS:
             # The tied table as the left operand (out [V, ...]): XLA's CPU matmul of a few rows
             # reads it once, where `hidden @ table.T` packs it first. SmolLM2 on 2 cores: 2-3

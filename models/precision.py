@@ -1,9 +1,11 @@
-"""Model precision: which dtype the weights, activations and KV cache use.
+"""Model precision: which dtype the weights and KV cache use.
 
 float32 is the reference (and the CPU default: CPUs have no fast bfloat16 path for small matmuls).
 bfloat16 halves the bytes every step reads and uses the tensor cores, so it is the default on
-accelerators. Whatever the weights' dtype, logits, softmax, sampling and the verify comparison
-stay float32 (the models compute their logits in float32).
+accelerators. Whatever the weights' dtype, the fast path's activations (residual stream, norms,
+RoPE, attention), logits, softmax, sampling and the verify comparison stay float32: a matmul reads
+its input in the weights' dtype and accumulates and returns float32. `Float32Param`s (the norms'
+scales, as GGUF stores them) stay float32 too: a few KB, and no conversion in any step.
 """
 
 from flax import nnx
@@ -35,14 +37,28 @@ def resolve(dtype) -> jnp.dtype:
     return resolved
 
 
+class Float32Param(nnx.Param):
+    """A parameter that stays float32 whatever the model's dtype (`param_dtype`)."""
+
+
+def param_dtype(var: nnx.Variable, dtype) -> jnp.dtype:
+    """The dtype a model in `dtype` holds `var` in: float32 for a `Float32Param`."""
+    return jnp.dtype(jnp.float32 if isinstance(var, Float32Param) else dtype)
+
+
 def cast(model: nnx.Module, dtype) -> nnx.Module:
-    """A copy of `model` with every floating parameter in `dtype` (the model itself unchanged);
-    `model` itself when nothing needs casting."""
+    """A copy of `model` with every floating parameter in `dtype` (`param_dtype`: the model
+    itself unchanged); `model` itself when nothing needs casting."""
     dtype = resolve(dtype)
     graphdef, state = nnx.split(model)
-    leaves = jax.tree.leaves(state)
-    if all(not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype for x in leaves):
+    flat = nnx.to_flat_state(state)
+
+    def target(var):
+        value = var.get_value()
+        floating = jnp.issubdtype(value.dtype, jnp.floating)
+        return param_dtype(var, dtype) if floating else value.dtype
+
+    if all(var.get_value().dtype == target(var) for _, var in flat):
         return model
-    state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                         else x, state)
-    return nnx.merge(graphdef, state)
+    return nnx.merge(graphdef, nnx.from_flat_state(
+        [(path, var.replace(var.get_value().astype(target(var)))) for path, var in flat]))

@@ -10,7 +10,10 @@ small batch still spreads its context over the whole GPU. A program walks its bl
 online softmax: per block it reads the block's page ids from the table, gathers the
 `pages_per_block * S` keys and values of its KV head with masked loads (positions at or past the
 length are never read), scores all `Q = G * T` query rows at once, and rescales its running
-`(acc, m, l)`. The wrapper merges the splits' partials with one more rescale.
+`(acc, m, l)`. The wrapper merges the splits' partials with one more rescale. `attention_partials`
+(the fast path's attention, reference `jaxspec.device.attention.attention_partials`) also takes
+the T new tokens' keys and values: the last split of every (row, KV head) folds them in as one
+more block, masked causally (query row `g * T + t` sees new keys 0..t).
 """
 
 import functools
@@ -74,6 +77,21 @@ def _load_block(k_pages_ref, v_pages_ref, page_table_ref, *, layer, row, head, b
     return pos, k.astype(jnp.float32), v.astype(jnp.float32)
 
 
+def _fold_new_tokens(q, k_new_ref, v_new_ref, carry, *, row, head, num_new: int, fold):
+    """Folds the new keys at or before each query's own token into its partials where `fold`
+    (else leaves them exactly as they are): query r is new token r % T."""
+    acc, m_i, l_i = carry
+    k = k_new_ref[row, head, :, :].astype(jnp.float32)                     # [Tp, D]
+    v = v_new_ref[row, head, :, :].astype(jnp.float32)
+    token = jnp.arange(q.shape[0], dtype=jnp.int32) % num_new              # [Qp]
+    visible = (jnp.arange(k.shape[0], dtype=jnp.int32)[None, :] <= token[:, None]) & fold
+    scores = jnp.where(visible, _dot(q, k, trans_b=True), MASK_VALUE)      # [Qp, Tp]
+    m_next = jnp.maximum(m_i, scores.max(axis=1))
+    correction = jnp.exp(m_i - m_next)
+    p = jnp.where(visible, jnp.exp(scores - m_next[:, None]), 0.0)
+    return correction[:, None] * acc + _dot(p, v), m_next, correction * l_i + p.sum(axis=1)
+
+
 def _cached_attention_kernel(
     # inputs
     layer_ref,        # i32[1]
@@ -82,12 +100,11 @@ def _cached_attention_kernel(
     v_pages_ref,      # [L, N, S, Hkv, D]
     page_table_ref,   # i32[B, P]
     lengths_ref,      # i32[B]
-    # outputs
-    acc_ref,          # f32[B, Hkv, splits, Qp, D]
-    m_ref,            # f32[B, Hkv, splits, Qp]
-    l_ref,            # f32[B, Hkv, splits, Qp]
-    *, pages_per_block: int, num_splits: int,
+    *refs,            # with num_new: k_new, v_new [B, Hkv, Tp, D]; then the outputs:
+                      # acc f32[B, Hkv, splits, Qp, D], m and l f32[B, Hkv, splits, Qp]
+    pages_per_block: int, num_splits: int, num_new: int,
 ):
+    new_refs, (acc_ref, m_ref, l_ref) = refs[:-3], refs[-3:]
     row, head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     page_size = k_pages_ref.shape[2]
     block_k = pages_per_block * page_size
@@ -119,6 +136,11 @@ def _cached_attention_kernel(
     m_i = jnp.full(q.shape[:1], MASK_VALUE, jnp.float32)
     l_i = jnp.zeros(q.shape[:1], jnp.float32)
     acc, m_i, l_i = lax.fori_loop(first, last, body, (acc, m_i, l_i))
+    if num_new:
+        # The last split takes the new tokens: one small masked dot in every other program
+        # costs less than a branch, and leaves their partials bit for bit as they were.
+        acc, m_i, l_i = _fold_new_tokens(q, *new_refs, (acc, m_i, l_i), row=row, head=head,
+                                         num_new=num_new, fold=split == num_splits - 1)
     acc_ref[row, head, split, :, :] = acc
     m_ref[row, head, split, :] = m_i
     l_ref[row, head, split, :] = l_i
@@ -177,10 +199,12 @@ def default_num_splits(rows: int, kv_heads: int, table_width: int, pages_per_blo
 
 
 def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: int,
-                          pages_per_block: int, num_splits: int, interpret: bool):
+                          pages_per_block: int, num_splits: int, interpret: bool,
+                          k_new=None, v_new=None):
     """The `pallas_call` over `num_splits` splits per (row, KV head), then the combine.
 
-    Same arguments and results as `cached_attention` (validated there), which jits this.
+    Same arguments and results as `cached_attention` (validated there), which jits this; with
+    `k_new` and `v_new` those of `attention_partials` (validated there).
     """
     rows, kv_heads, query_rows, head_dim = q.shape
     if page_table.shape[1] == 0:  # nothing can be cached: every row is empty
@@ -189,11 +213,17 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
                 jnp.zeros(q.shape[:3], jnp.float32))
     padded_rows = max(MIN_DOT_DIM, pl.next_power_of_2(query_rows))
     q = jnp.pad(q, ((0, 0), (0, 0), (0, padded_rows - query_rows), (0, 0)))
+    new = ()
+    num_new = 0 if k_new is None else k_new.shape[2]
+    if num_new:
+        pad = ((0, 0), (0, 0), (0, max(MIN_DOT_DIM, pl.next_power_of_2(num_new)) - num_new),
+               (0, 0))
+        new = (jnp.pad(k_new, pad), jnp.pad(v_new, pad))
     partial_shape = (rows, kv_heads, num_splits, padded_rows)
     num_warps, num_stages = LAUNCH[jnp.dtype(k_pages.dtype).name]
     num_warps = num_warps if padded_rows <= SMALL_Q else max(num_warps, 8)
     kernel = functools.partial(_cached_attention_kernel, pages_per_block=pages_per_block,
-                               num_splits=num_splits)
+                               num_splits=num_splits, num_new=num_new)
     acc, m_s, l_s = pl.pallas_call(
         kernel,
         grid=(rows, kv_heads, num_splits),
@@ -203,8 +233,8 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         # The layer is an operand, not a constant: every layer lowers to the same Triton IR.
-        name=f"cached_attention_{pages_per_block=}_{num_splits=}",
-    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths)
+        name=f"cached_attention_{pages_per_block=}_{num_splits=}_{num_new=}",
+    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths, *new)
     # Per split: acc [B, Hkv, splits, Q, D], m_s and l_s [B, Hkv, splits, Q].
     acc, m_s, l_s = (x[:, :, :, :query_rows] for x in (acc, m_s, l_s))
     if num_splits == 1:
@@ -250,6 +280,43 @@ def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
     return cached_attention_call(q, k_pages, v_pages, page_table, lengths, layer=layer,
                                  pages_per_block=pages_per_block, num_splits=num_splits,
                                  interpret=interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("layer", "pages_per_block", "interpret"))
+def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *, layer: int,
+                       pages_per_block: int, interpret: bool = False):
+    """Online-softmax partials of each new query over its row's cached slots and the new keys at
+    or before its own token: `cached_attention` with the new tokens folded in by the last split
+    of every (row, KV head), so a layer's attention is one kernel and one combine.
+
+    Args:
+      q: f32[B, Hkv, Q, D] as in `cached_attention`, row `r = g * T + t` being new token t.
+      k_new, v_new: f32[B, Hkv, T, D] the new tokens' keys and values.
+      k_pages, v_pages, page_table, lengths, layer, pages_per_block, interpret: as in
+        `cached_attention`.
+
+    Returns:
+      `(acc, m, l)` as in `cached_attention`, over both parts.
+
+    Raises:
+      ValueError: as `cached_attention`, or new keys that do not match q.
+      NotImplementedError: as `cached_attention`, or a table without columns.
+    """
+    static_validate(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                    pages_per_block=pages_per_block)
+    rows, kv_heads, query_rows, head_dim = q.shape
+    num_new = k_new.shape[2]
+    if (k_new.shape != v_new.shape or k_new.shape[:2] != (rows, kv_heads)
+            or k_new.shape[3] != head_dim or num_new == 0 or query_rows % num_new):
+        raise ValueError(f"k_new and v_new must be [B, Hkv, T, D] with T dividing the "
+                         f"{query_rows} query rows, got {k_new.shape} and {v_new.shape} for q "
+                         f"{q.shape}")
+    if page_table.shape[1] == 0:
+        raise NotImplementedError("a page table without columns: nothing for a split to hold")
+    num_splits = default_num_splits(rows, kv_heads, page_table.shape[1], pages_per_block)
+    return cached_attention_call(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                                 pages_per_block=pages_per_block, num_splits=num_splits,
+                                 interpret=interpret, k_new=k_new, v_new=v_new)
 
 
 # ------------------------------------------------------------------ causal attention (exact)

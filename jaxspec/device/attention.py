@@ -12,7 +12,8 @@ What a forward reads follows the live context, not the page table: `cached_atten
 table in blocks of pages with an online softmax and stops after the block holding the longest
 row's last cached slot. The trip count is a traced value, so one compilation serves every length;
 the table's width (a lifetime-wide compile bucket) only bounds how far the loop may go. The two
-parts, cached slots (c) and new tokens (n), are merged by log-sum-exp:
+parts, cached slots (c) and new tokens (n), are merged by log-sum-exp (`attention_partials`; the
+GPU kernel folds the new tokens into its last split instead, one kernel per layer):
 
     m = max(m_c, m_n)
     out = (acc_c e^(m_c - m) + acc_n e^(m_n - m)) / (l_c e^(m_c - m) + l_n e^(m_n - m))
@@ -212,8 +213,35 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
             l.reshape(b, hkv, num_groups * t))
 
 
+def attention_partials(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages: jax.Array,
+                       v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array, *,
+                       layer: int, pages_per_block: int
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Online-softmax partials of each new query over its row's cached slots and the new keys at
+    or before its own position: `cached_attention` and `new_token_attention` merged.
+
+    Args:
+      q: f32[B, Hkv, G * T, D] queries grouped by KV head, row `g * T + t` being new token t,
+        scaled by D ** -0.5.
+      k_new, v_new: f32[B, Hkv, T, D] the new tokens' keys and values.
+      k_pages, v_pages, page_table, lengths, layer, pages_per_block: as in `cached_attention`.
+
+    Returns:
+      (acc f32[B, Hkv, G * T, D], m f32[B, Hkv, G * T], l f32[B, Hkv, G * T]) as in
+      `cached_attention`; every query sees at least its own key, so l > 0.
+    """
+    acc_new, m_new, l_new = new_token_attention(q, k_new, v_new,
+                                                num_groups=q.shape[2] // k_new.shape[2])
+    acc, m, l = cached_attention(q, k_pages, v_pages, page_table, lengths, layer=layer,
+                                 pages_per_block=pages_per_block)
+    m_all = jnp.maximum(m, m_new)
+    a_cached, a_new = jnp.exp(m - m_all), jnp.exp(m_new - m_all)
+    return (a_cached[..., None] * acc + a_new[..., None] * acc_new, m_all,
+            a_cached * l + a_new * l_new)
+
+
 def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cache.KVPages,
-                    layer: int, view: kv_cache.CacheView, *, cached=cached_attention
+                    layer: int, view: kv_cache.CacheView, *, partials=attention_partials
                     ) -> jax.Array:
     """Attention for one layer (models call `jaxspec.device.ops.paged_attention`, which picks
     the implementation of the cached part).
@@ -224,7 +252,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
       kv: the cache pages of every layer (their own dtype).
       layer: static index of this layer's pages.
       view: the rows' page tables and lengths.
-      cached: computes the cached part (`cached_attention`'s contract).
+      partials: computes the partials (`attention_partials`'s contract).
 
     Returns:
       [B, T, Hq, D] in q's dtype; scores, softmax and sums are float32 whatever the dtypes.
@@ -238,11 +266,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
     kn = jnp.transpose(k_new.astype(f32), (0, 2, 1, 3))                  # [B, Hkv, T, D]
     vn = jnp.transpose(v_new.astype(f32), (0, 2, 1, 3))
 
-    acc_new, m_new, l_new = new_token_attention(qh, kn, vn, num_groups=g)
-    acc, m, l = cached(qh, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
-                       pages_per_block=pages_per_block(hkv, g * t))
-    m_all = jnp.maximum(m, m_new)
-    a_cached, a_new = jnp.exp(m - m_all), jnp.exp(m_new - m_all)
-    out = ((a_cached[..., None] * acc + a_new[..., None] * acc_new)
-           / (a_cached * l + a_new * l_new)[..., None]).reshape(b, hkv, g, t, d)
+    acc, _, l = partials(qh, kn, vn, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
+                         pages_per_block=pages_per_block(hkv, g * t))
+    out = (acc / l[..., None]).reshape(b, hkv, g, t, d)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, hq, d).astype(q.dtype)

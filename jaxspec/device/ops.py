@@ -120,13 +120,37 @@ def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
         out_specs=(heads, heads, heads))(q, k_pages, v_pages, page_table, lengths)
 
 
+def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *, layer: int,
+                       pages_per_block: int, implementation: Implementation | None = None,
+                       mesh=None):
+    """Attention partials over the cached slots and the new tokens
+    (`jaxspec.device.attention.attention_partials`) by the chosen implementation, sharded as
+    `cached_attention`.
+
+    Returns:
+      `(acc f32[B, Hkv, Q, D], m f32[B, Hkv, Q], l f32[B, Hkv, Q])`.
+    """
+    run = functools.partial(_dispatch, implementation, ("paged_attention", "attention_partials"),
+                            attention.attention_partials, layer=layer,
+                            pages_per_block=pages_per_block,
+                            kernel_kwargs=dict(pages_per_block=KERNEL_PAGES_PER_BLOCK))
+    if mesh is None:
+        return run(q, k_new, v_new, k_pages, v_pages, page_table, lengths)
+    heads = P(sharding.DATA, sharding.MODEL)
+    return jax.shard_map(
+        run, mesh=mesh, check_vma=False,
+        in_specs=(heads, heads, heads, sharding.KV_SPEC, sharding.KV_SPEC, P(sharding.DATA),
+                  P(sharding.DATA)),
+        out_specs=(heads, heads, heads))(q, k_new, v_new, k_pages, v_pages, page_table, lengths)
+
+
 def paged_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,
                     view: kv_cache.CacheView):
-    """`jaxspec.device.attention.paged_attention` with the cached part by
-    `view.implementation`: what a model calls."""
-    cached = functools.partial(cached_attention, implementation=view.implementation,
-                               mesh=view.mesh)
-    return attention.paged_attention(q, k_new, v_new, kv, layer, view, cached=cached)
+    """`jaxspec.device.attention.paged_attention` with the partials by `view.implementation`:
+    what a model calls."""
+    partials = functools.partial(attention_partials, implementation=view.implementation,
+                                 mesh=view.mesh)
+    return attention.paged_attention(q, k_new, v_new, kv, layer, view, partials=partials)
 
 
 def linear(x, w, norm_weight=None, residual=None, *, eps: float = 1e-5,

@@ -180,6 +180,115 @@ class CachedAttentionGpuTest(CachedAttentionTestBase):
         self.assert_partials_close(args, self.attend(*args, pages_per_block=8), dtype)
 
 
+def _new_tokens(rows, kv_heads, num_new, seed=1):
+    """`(k_new, v_new)` f32[B, Hkv, T, D] of T new tokens per row."""
+    rng = np.random.default_rng(seed)
+    shape = (rows, kv_heads, num_new, HEAD_DIM)
+    return (jnp.asarray(rng.standard_normal(shape), jnp.float32),
+            jnp.asarray(rng.standard_normal(shape), jnp.float32))
+
+
+def _oracle_with_new(q, k_new, v_new, k_pages, v_pages, page_table, lengths):
+    """The partials in float64 over each row's cached keys (cut at its length) and the new keys
+    at or before each query's token (query r is token r % T)."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k_pages[LAYER].astype(jnp.float32), np.float64)
+    v = np.asarray(v_pages[LAYER].astype(jnp.float32), np.float64)
+    rows, kv_heads, query_rows, head_dim = q.shape
+    num_new = k_new.shape[2]
+    acc = np.zeros(q.shape)
+    m = np.zeros(q.shape[:3])
+    total = np.zeros(q.shape[:3])
+    for b, n in enumerate(np.asarray(lengths)):
+        cached_k = k[np.asarray(page_table[b])].reshape(-1, kv_heads, head_dim)[:n]
+        cached_v = v[np.asarray(page_table[b])].reshape(-1, kv_heads, head_dim)[:n]
+        for h in range(kv_heads):
+            for r in range(query_rows):
+                t = r % num_new
+                keys = np.concatenate([cached_k[:, h], np.asarray(k_new[b, h, :t + 1])])
+                values = np.concatenate([cached_v[:, h], np.asarray(v_new[b, h, :t + 1])])
+                scores = keys @ q[b, h, r]
+                m[b, h, r] = scores.max()
+                p = np.exp(scores - m[b, h, r])
+                total[b, h, r] = p.sum()
+                acc[b, h, r] = p @ values
+    return acc, m, total
+
+
+_NEW_CASES = [
+    # name, lengths, KV heads, groups G, new tokens T, table width, pages per block, dtype
+    ("decode", [0, 1, 17, 33], 1, 3, 1, 3, 2, jnp.float32),
+    ("verify_padding_rows", [70, 0, 5, 0], 3, 3, 6, 5, 2, jnp.float32),
+    ("verify_k16", [1, 47, 48], 1, 3, 17, 3, 2, jnp.float32),
+    ("one_group_many_tokens", [31, 32], 2, 1, 40, 2, 1, jnp.float32),
+    ("bf16_verify", [0, 17, 64], 3, 3, 6, 4, 2, jnp.bfloat16),
+]
+
+
+@absltest.skipThisClass("base class: run through its subclasses")
+class AttentionPartialsTestBase(parameterized.TestCase):
+    """`attention_partials` (cached slots and new tokens, the fast path's attention) against the
+    oracle; subclasses choose the kernel in interpret mode, compiled, or the XLA reference."""
+
+    INTERPRET = False
+
+    def partials(self, *args, pages_per_block, num_splits=None):
+        if num_splits is None:
+            return paged_attention.attention_partials(*args, layer=LAYER,
+                                                      pages_per_block=pages_per_block,
+                                                      interpret=self.INTERPRET)
+        q, k_new, v_new, *cache = args
+        return jax.jit(functools.partial(
+            paged_attention.cached_attention_call, layer=LAYER, pages_per_block=pages_per_block,
+            num_splits=num_splits, interpret=self.INTERPRET))(q, *cache, k_new=k_new,
+                                                              v_new=v_new)
+
+    def check(self, lengths, kv_heads, groups, num_new, table_width, pages_per_block, dtype,
+              num_splits=None):
+        cache = _inputs(lengths, kv_heads=kv_heads, query_rows=groups * num_new,
+                        table_width=table_width, dtype=dtype)
+        args = (cache[0], *_new_tokens(len(lengths), kv_heads, num_new), *cache[1:])
+        out = self.partials(*args, pages_per_block=pages_per_block, num_splits=num_splits)
+        tol = TOLERANCE[dtype]
+        for name, got, want in zip(("acc", "m", "l"), out, _oracle_with_new(*args), strict=True):
+            self.assertEqual(got.dtype, jnp.float32, name)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol, err_msg=name)
+
+    @parameterized.named_parameters(
+        (f"{name}_splits_{splits}", *case, splits)
+        for name, *case in _NEW_CASES for splits in (None, 1, 3))
+    def test_partials_equal_oracle(self, *case):
+        self.check(*case)
+
+
+class AttentionPartialsReferenceTest(AttentionPartialsTestBase):
+    """The XLA reference (`jaxspec.device.attention.attention_partials`, the CPU path); stale
+    slots hold large finite garbage instead of NaN, as in `CachedAttentionReferenceTest`."""
+
+    def partials(self, *args, pages_per_block, num_splits=None):
+        del num_splits
+        args = [jnp.where(jnp.isnan(a), 1e4, a) if jnp.issubdtype(a.dtype, jnp.floating) else a
+                for a in args]
+        return jax.jit(functools.partial(attention.attention_partials, layer=LAYER,
+                                         pages_per_block=pages_per_block))(*args)
+
+
+class AttentionPartialsInterpretTest(AttentionPartialsTestBase):
+    INTERPRET = True
+
+
+class AttentionPartialsGpuTest(AttentionPartialsTestBase):
+
+    def setUp(self):
+        super().setUp()
+        if jax.default_backend() != "gpu":
+            self.skipTest("compiled Pallas kernels need a GPU")
+
+    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], num_new=[1, 17])
+    def test_long_context(self, dtype, num_new):
+        self.check([1, 700, 2048, 0], 3, 3, num_new, 160, 8, dtype)
+
+
 class ValidationTest(parameterized.TestCase):
     """Bad shapes raise ValueError; inputs the kernel does not take raise NotImplementedError."""
 
@@ -220,6 +329,15 @@ class ValidationTest(parameterized.TestCase):
         with self.assertRaisesRegex(NotImplementedError, match):
             self._call(self._args(**overrides), pages_per_block=pages_per_block)
 
+    @parameterized.named_parameters(("tokens", (2, 1, 2, HEAD_DIM)), ("heads", (2, 2, 3, HEAD_DIM)),
+                                    ("dim", (2, 1, 3, 32)))
+    def test_new_tokens_that_do_not_match_q(self, shape):
+        new = jax.ShapeDtypeStruct(shape, jnp.float32)
+        q, *cache = self._args()
+        with self.assertRaisesRegex(ValueError, "k_new and v_new"):
+            jax.eval_shape(functools.partial(paged_attention.attention_partials, layer=LAYER,
+                                             pages_per_block=1), q, new, new, *cache)
+
 
 class LoweringTest(parameterized.TestCase):
     """The kernel lowers for CUDA on this CPU-only machine (catches most GPU-only errors)."""
@@ -241,6 +359,24 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(exported.mlir_module().count("xla.gpu.triton"), 1)
         rows = (4, 3, 3 * new_tokens)
         self.assertEqual([o.shape for o in exported.out_avals], [(*rows, HEAD_DIM), rows, rows])
+
+    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], new_tokens=[1, 17])
+    def test_partials_with_new_tokens_lower_for_cuda(self, dtype, new_tokens):
+        pages = jax.ShapeDtypeStruct((30, 200, PAGE_SIZE, 3, HEAD_DIM), dtype)
+        new = jax.ShapeDtypeStruct((4, 3, new_tokens, HEAD_DIM), jnp.float32)
+        args = (jax.ShapeDtypeStruct((4, 3, 3 * new_tokens, HEAD_DIM), jnp.float32), new, new,
+                pages, pages, jax.ShapeDtypeStruct((4, 32), jnp.int32),
+                jax.ShapeDtypeStruct((4,), jnp.int32))
+        exported = export.export(
+            jax.jit(functools.partial(paged_attention.attention_partials, layer=7,
+                                      pages_per_block=8)),
+            platforms=("cuda",),
+            disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+        )(*args)
+        text = exported.mlir_module()
+        self.assertEqual(text.count("xla.gpu.triton"), 1)
+        # The new tokens' scores are inside the kernel: no dot outside it.
+        self.assertNotIn("stablehlo.dot_general", text)
 
 
 if __name__ == "__main__":
