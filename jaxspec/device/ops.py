@@ -97,35 +97,13 @@ def sa_extend_and_global_search(state, slots, accepted, num_accepted, active_mas
 KERNEL_PAGES_PER_BLOCK = 8
 
 
-def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
-                     pages_per_block: int, implementation: Implementation | None = None,
-                     mesh=None):
-    """Attention partials over the cached slots (`jaxspec.device.attention.cached_attention`)
-    by the chosen implementation; the kernel loads `KERNEL_PAGES_PER_BLOCK` pages per step. With
-    a mesh, each device computes its data shard's rows for its model shard's KV heads.
-
-    Returns:
-      `(acc f32[B, Hkv, Q, D], m f32[B, Hkv, Q], l f32[B, Hkv, Q])`.
-    """
-    run = functools.partial(_dispatch, implementation, ("paged_attention", "cached_attention"),
-                            attention.cached_attention, layer=layer,
-                            pages_per_block=pages_per_block,
-                            kernel_kwargs=dict(pages_per_block=KERNEL_PAGES_PER_BLOCK))
-    if mesh is None:
-        return run(q, k_pages, v_pages, page_table, lengths)
-    heads = P(sharding.DATA, sharding.MODEL)
-    return jax.shard_map(
-        run, mesh=mesh, check_vma=False,
-        in_specs=(heads, sharding.KV_SPEC, sharding.KV_SPEC, P(sharding.DATA), P(sharding.DATA)),
-        out_specs=(heads, heads, heads))(q, k_pages, v_pages, page_table, lengths)
-
-
 def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *, layer: int,
                        pages_per_block: int, implementation: Implementation | None = None,
                        mesh=None):
     """Attention partials over the cached slots and the new tokens
-    (`jaxspec.device.attention.attention_partials`) by the chosen implementation, sharded as
-    `cached_attention`.
+    (`jaxspec.device.attention.attention_partials`) by the chosen implementation; the kernel
+    loads `KERNEL_PAGES_PER_BLOCK` pages per step. With a mesh, each device computes its data
+    shard's rows for its model shard's KV heads.
 
     Returns:
       `(acc f32[B, Hkv, Q, D], m f32[B, Hkv, Q], l f32[B, Hkv, Q])`.

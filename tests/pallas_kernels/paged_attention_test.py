@@ -147,22 +147,28 @@ class CachedAttentionInterpretTest(CachedAttentionTestBase):
 
 
 class ImplementationSwitchTest(parameterized.TestCase):
-    """`jaxspec.device.ops.cached_attention` picks the kernel or the reference."""
+    """`jaxspec.device.ops.attention_partials` picks the kernel or the reference."""
+
+    def _args(self, lengths, *, kv_heads, num_new, table_width):
+        q, *cache = _inputs(lengths, kv_heads=kv_heads, query_rows=3 * num_new,
+                            table_width=table_width, dtype=jnp.float32)
+        return (q, *_new_tokens(len(lengths), kv_heads, num_new), *cache)
 
     def test_cpu_runs_the_reference(self):
-        args = _inputs([5, 40], kv_heads=3, query_rows=6, table_width=4, dtype=jnp.float32)
+        args = self._args([5, 40], kv_heads=3, num_new=2, table_width=4)
         clean = [jnp.where(jnp.isnan(a), 0.0, a) if jnp.issubdtype(a.dtype, jnp.floating)
                  else a for a in args]
         for implementation in (None, "xla"):
-            out = ops.cached_attention(*clean, layer=LAYER, pages_per_block=2,
-                                       implementation=implementation)
-            for got, want in zip(out, _oracle(*args), strict=True):
+            out = ops.attention_partials(*clean, layer=LAYER, pages_per_block=2,
+                                         implementation=implementation)
+            for got, want in zip(out, _oracle_with_new(*args), strict=True):
                 np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
     def test_forced_pallas_declines_what_it_cannot_take(self):
-        args = _inputs([5], kv_heads=1, query_rows=200, table_width=2, dtype=jnp.float32)
+        args = self._args([5], kv_heads=1, num_new=67, table_width=2)
         with self.assertRaises(NotImplementedError):
-            ops.cached_attention(*args, layer=LAYER, pages_per_block=2, implementation="pallas")
+            ops.attention_partials(*args, layer=LAYER, pages_per_block=2,
+                                   implementation="pallas")
 
 
 class CachedAttentionGpuTest(CachedAttentionTestBase):
