@@ -291,8 +291,8 @@ def lower(k: int, dtype: str, *, num_layers: int | None = None, batch: int = 1,
     graphdef, params = nnx.split(nnx.eval_shape(lambda: llama.LlamaForCausalLM(
         cfg, rngs=nnx.Rngs(0))))
     params = nnx.from_flat_state([
-        (path, var.replace(jax.ShapeDtypeStruct(var.shape, precision.param_dtype(
-            var, weights_dtype) if jnp.issubdtype(var.dtype, jnp.floating) else var.dtype)))
+        (path, var.replace(jax.ShapeDtypeStruct(var.shape,
+                                                precision.param_dtype(var, weights_dtype))))
         for path, var in nnx.to_flat_state(params)])
     pages = jax.ShapeDtypeStruct((cfg.num_layers, CONTEXT_PAGES + 1, PAGE_SIZE, cfg.num_kv_heads,
                                   cfg.resolved_head_dim), weights_dtype)

@@ -42,7 +42,10 @@ class Float32Param(nnx.Param):
 
 
 def param_dtype(var: nnx.Variable, dtype) -> jnp.dtype:
-    """The dtype a model in `dtype` holds `var` in: float32 for a `Float32Param`."""
+    """The dtype a model in `dtype` holds `var` in: its own if not floating, float32 for a
+    `Float32Param`, else `dtype`."""
+    if not jnp.issubdtype(var.dtype, jnp.floating):
+        return jnp.dtype(var.dtype)
     return jnp.dtype(jnp.float32 if isinstance(var, Float32Param) else dtype)
 
 
@@ -52,13 +55,8 @@ def cast(model: nnx.Module, dtype) -> nnx.Module:
     dtype = resolve(dtype)
     graphdef, state = nnx.split(model)
     flat = nnx.to_flat_state(state)
-
-    def target(var):
-        value = var.get_value()
-        floating = jnp.issubdtype(value.dtype, jnp.floating)
-        return param_dtype(var, dtype) if floating else value.dtype
-
-    if all(var.get_value().dtype == target(var) for _, var in flat):
+    if all(var.dtype == param_dtype(var, dtype) for _, var in flat):
         return model
     return nnx.merge(graphdef, nnx.from_flat_state(
-        [(path, var.replace(var.get_value().astype(target(var)))) for path, var in flat]))
+        [(path, var.replace(var.get_value().astype(param_dtype(var, dtype))))
+         for path, var in flat]))
