@@ -29,6 +29,11 @@ translation, 2 document QA; 192 tokens each; tokens per verify step, bonus inclu
 occurrence 5.28 / 13.80 / 3.86 / 2.36, frequent 5.24 / 15.92 / 5.94 / 2.40. `max_spec_factor` 4
 and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%.
 
+`frequent_tree` drafts a tree instead: the most probable continuations of every suffix length,
+best first, up to a node budget (SuffixDecoding's tree mode). Teacher-forced over the same replies
+it would commit more a step than any single draft (`benchmarks.draft_quality`, BENCHMARKS.md);
+the engine does not verify trees yet.
+
 This runs on the host, beside the device automaton rather than in it: scoring needs the count of
 every continuation of a state, which the automaton's transition layout cannot enumerate, and
 keeping occurrence counts online walks every suffix link of each new token (BENCHMARKS.md gives
@@ -38,6 +43,7 @@ the host cost per step).
 import collections
 from collections.abc import Hashable
 from collections.abc import Sequence
+import heapq
 
 import numpy as np
 
@@ -136,6 +142,59 @@ def frequent_draft(text: np.ndarray, end: int, draft_len: int, *, min_match_len:
         if score > best[1]:
             best, match = (path, score), m
     return best[0], match
+
+
+def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int = 1,
+                  max_match_len: int = MAX_MATCH_LEN, min_token_prob: float = 0.1
+                  ) -> tuple[list[int], list[int], int]:
+    """A draft tree of at most `budget` nodes, the most probable continuations first
+    (SuffixDecoding's tree mode).
+
+    A node is a path of tokens after the text's end; its score is the largest, over the suffix
+    lengths m in `[min_match_len, max_match_len]`, of the share of m's occurrences whose
+    continuation starts with the path (`best_path`'s running probability along it). The tree
+    holds the `budget` highest-scoring paths of score at least `min_token_prob` (ties: the
+    longer match, then the path found first); every prefix of a path scores at least what the
+    path does, so the set is closed under prefixes. Paths end where their text ends.
+
+    Args:
+      text, end: as in `occurrence_sets`.
+
+    Returns:
+      (tokens, parents, match): node i drafts `tokens[i]` after node `parents[i]` (-1: the text's
+      end; a parent comes before its children), and the longest suffix length behind a node
+      (0 without one).
+    """
+    if budget <= 0:
+        return [], [], 0
+    heap, seq = [], 0
+
+    def push(m, total, parent, alive):
+        """The continuations of a path by one more token, among `alive`, the positions after
+        the path in each of the `total` occurrences of the suffix of length `m`."""
+        nonlocal seq
+        nxt = alive[text[alive] != SEPARATOR]
+        for token in np.unique(text[nxt]):
+            took = nxt[text[nxt] == token]
+            heapq.heappush(heap, (-len(took) / total, -m, seq, parent, int(token), took + 1,
+                                  total))
+            seq += 1
+
+    for m, ends in occurrence_sets(text, end, min_match_len, max_match_len):
+        push(m, len(ends), -1, ends)
+    tokens, parents, index, match = [], [], {}, 0
+    while heap and len(tokens) < budget:
+        neg_prob, neg_m, _, parent, token, alive, total = heapq.heappop(heap)
+        if -neg_prob < min_token_prob:
+            break
+        node = index.get((parent, token))
+        if node is None:            # else the path is in the tree already, at a higher score
+            node = index[(parent, token)] = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            match = max(match, -neg_m)
+        push(-neg_m, total, node, alive)
+    return tokens, parents, match
 
 
 class FrequentDrafter(Drafter):

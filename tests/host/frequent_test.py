@@ -52,6 +52,32 @@ def oracle(texts, draft_len, *, min_match_len=1, max_match_len=frequent.MAX_MATC
     return best, best_m
 
 
+def tree_oracle(texts, budget, *, min_match_len=1, max_match_len=frequent.MAX_MATCH_LEN,
+                min_token_prob=0.1):
+    """{path: (score, the longest suffix length giving that score)} of every path of at most
+    `budget` tokens after the last text scoring at least `min_token_prob` (the definition in
+    `frequent.frequent_tree`'s docstring, by counting)."""
+    own, best = texts[-1], {}
+    for m in range(min_match_len, min(max_match_len, len(own)) + 1):
+        suffix = own[len(own) - m:]
+        occurrences = [(i, e) for i, t in enumerate(texts) for e in range(m, len(t) + 1)
+                       if t[e - m:e] == suffix and not (i == len(texts) - 1 and e == len(own))]
+        counts = collections.Counter(tuple(texts[i][e:e + d]) for i, e in occurrences
+                                     for d in range(1, budget + 1) if e + d <= len(texts[i]))
+        for path, n in counts.items():
+            score = n / len(occurrences)
+            if score >= min_token_prob and score >= best.get(path, (0.0, 0))[0]:
+                best[path] = (score, m)
+    return best
+
+
+def tree_paths(tokens, parents):
+    paths = []
+    for token, parent in zip(tokens, parents, strict=True):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return paths
+
+
 def joined(texts):
     parts = [x for t in texts for x in (t, [frequent.SEPARATOR])]
     return np.concatenate([np.asarray(p, np.int64) for p in parts])
@@ -107,6 +133,48 @@ class FrequentDraftTest(absltest.TestCase):
         got = frequent.frequent_draft(joined(texts), sum(map(len, texts)) + len(texts) - 1,
                                       draft_len, **kw)
         self.assertEqual(got, oracle(texts, draft_len, **kw))
+
+
+class FrequentTreeTest(absltest.TestCase):
+
+    def test_both_continuations_of_a_tie_are_drafted(self):
+        # After [1, 2]: 3 then 4 once, 5 then 6 once (p = 1/2 each, under the match of 2 as of
+        # 1): a budget of 4 holds both paths.
+        text = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2]
+        tokens, parents, match = frequent.frequent_tree(joined([text]), len(text), 4)
+        self.assertEqual(sorted(tree_paths(tokens, parents)),
+                         [(3,), (3, 4), (5,), (5, 6)])
+        self.assertEqual(match, 2)
+        self.assertEqual(frequent.frequent_tree(joined([text]), len(text), 0), ([], [], 0))
+
+    def test_a_tree_of_one_path_is_the_single_occurrence_copy(self):
+        text = [4, 5, 6, 7, 8, 4, 5]
+        tokens, parents, match = frequent.frequent_tree(joined([text]), len(text), 3)
+        self.assertEqual((tokens, parents, match), ([6, 7, 8], [-1, 0, 1], 2))
+
+    @hypothesis.settings(max_examples=300, deadline=None)
+    @hypothesis.given(
+        texts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1,
+                       max_size=3),
+        budget=st.integers(1, 12), min_match_len=st.integers(1, 3),
+        max_match_len=st.sampled_from([1, 2, 5, frequent.MAX_MATCH_LEN]),
+        min_token_prob=st.sampled_from([0.0, 0.1, 0.4]))
+    def test_holds_the_highest_scoring_paths_of_the_brute_force_oracle(
+            self, texts, budget, min_match_len, max_match_len, min_token_prob):
+        kw = dict(min_match_len=min_match_len, max_match_len=max_match_len,
+                  min_token_prob=min_token_prob)
+        tokens, parents, match = frequent.frequent_tree(
+            joined(texts), sum(map(len, texts)) + len(texts) - 1, budget, **kw)
+        expected = tree_oracle(texts, budget, **kw)
+        paths = tree_paths(tokens, parents)
+        self.assertTrue(all(-1 <= p < i for i, p in enumerate(parents)), parents)
+        self.assertEqual(len(set(paths)), len(paths))
+        self.assertLessEqual(len(paths), budget)
+        # The tree holds `budget` of the best paths (which ones among equal scores is a tie).
+        self.assertTrue(set(paths) <= set(expected))
+        self.assertEqual(sorted((expected[p][0] for p in paths), reverse=True),
+                         sorted((s for s, _ in expected.values()), reverse=True)[:budget])
+        self.assertEqual(match, max((expected[p][1] for p in paths), default=0))
 
 
 class FrequentDrafterTest(absltest.TestCase):
