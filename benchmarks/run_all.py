@@ -1,13 +1,14 @@
 """`make bench`: every benchmark, each writing its own section of BENCHMARKS.md.
 
-    python -m benchmarks.run_all                      # the defaults: about 2 hours on 2 cores
+    python -m benchmarks.run_all                      # the defaults: about 3 hours on 2 cores
     python -m benchmarks.run_all --dry-run            # the plan and its time estimate only
     python -m benchmarks.run_all --n 4 --max-new-tokens 128   # more prompts, longer replies
 
 Steps, each in its own process (a crash or a memory peak stays inside its step; jax settings do
 not leak from one to the next): the host n-gram overhead, the suffix automaton overhead, the
 step floor (the kernels' cost on a few rows and at long context), the GPU step's op census
-(lowered for CUDA, no GPU needed), jaxspec vs HF greedy, the harness on every workload, the batch
+(lowered for CUDA, no GPU needed), the drafters' tokens per step against the copy bound
+(teacher-forced, untimed), jaxspec vs HF greedy, the harness on every workload, the batch
 sweep, the context sweep (128 to 8k tokens), greedy equivalence and the mesh; and AUTO beside SA
 and plain timed as users run them (`benchmarks.as_user`: a fresh engine per request). Plots land
 in benchmarks/plots/. The estimate is a cost model fitted on a 2-core machine (x86-64, JAX on
@@ -76,7 +77,8 @@ CONVERT_S = 9.0                 # jaxspec's first load of the GGUF: dequantize, 
 # dtypes; SmolLM2 compiles a prefill, a plain and a verify step per dtype); the census lowers four
 # variants of 30 layers.
 FIXED_STEP_S = {"host_overhead": 15.0, "sa_overhead": 65.0, "step_floor": 45.0,  # measured, quiet
-                "mesh": 300.0, "equivalence": 390.0, "census": 60.0}          # guessed
+                "mesh": 300.0, "equivalence": 390.0, "census": 60.0,          # guessed
+                "draft_quality": 240.0}   # measured, busy: 26 plain replies, then the drafters
 EQUIVALENCE_WORKLOADS = ("code_editing", "mtbench")
 LONG_CONTEXT_TOKENS = 1024
 LONG_CONTEXT_SLOPE = 3000.0
@@ -195,6 +197,8 @@ def plan(args) -> list[Step]:
              FIXED_STEP_S["sa_overhead"]),
         Step("step_floor", py + ("benchmarks.step_floor",) + write, FIXED_STEP_S["step_floor"]),
         Step("census", py + ("benchmarks.census",) + write, FIXED_STEP_S["census"]),
+        Step("draft_quality", py + ("benchmarks.draft_quality",) + write,
+             FIXED_STEP_S["draft_quality"]),
         Step("plain_vs_hf", py + ("benchmarks.plain_vs_hf", "--max-new-tokens",
                                   str(args.max_new_tokens), "--repeats", str(plain_repeats))
              + write, plain_vs_hf_estimate(args.max_new_tokens, plain_repeats)),
