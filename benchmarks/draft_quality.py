@@ -188,11 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(results, k=args.k, max_new_tokens=args.max_new_tokens)
     if args.json:
         print(json.dumps(results))
-    print(text, file=sys.stderr if args.json else sys.stdout)
-    if args.write:
-        command = " ".join(["python -m benchmarks.draft_quality",
-                            *map(report.checkout_relative, argv)])
-        report.write_section("draft_quality", text, command=command)
+        print(text, file=sys.stderr)
+    report.publish("draft_quality", text, module="benchmarks.draft_quality", argv=argv,
+                   write=args.write, show=not args.json)
     return 0
 
 

@@ -18,6 +18,11 @@ from jaxspec.config import SAConfig
 from jaxspec.host import frequent
 from jaxspec.host import policy as policy_lib
 
+# Up to three texts over a 4-token alphabet: many repeats, ties and texts ending mid-path.
+TEXTS = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=3)
+MAX_MATCH_LENS = st.sampled_from([1, 2, 5, frequent.MAX_MATCH_LEN])
+MIN_TOKEN_PROBS = st.sampled_from([0.0, 0.1, 0.4])
+
 
 def oracle(texts, draft_len, *, min_match_len=1, max_match_len=frequent.MAX_MATCH_LEN,
            min_token_prob=0.1, max_spec_factor=None):
@@ -120,11 +125,9 @@ class FrequentDraftTest(absltest.TestCase):
 
     @hypothesis.settings(max_examples=300, deadline=None)
     @hypothesis.given(
-        texts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1,
-                       max_size=3),
+        texts=TEXTS,
         draft_len=st.integers(1, 8), min_match_len=st.integers(1, 3),
-        max_match_len=st.sampled_from([1, 2, 5, frequent.MAX_MATCH_LEN]),
-        min_token_prob=st.sampled_from([0.0, 0.1, 0.4]),
+        max_match_len=MAX_MATCH_LENS, min_token_prob=MIN_TOKEN_PROBS,
         max_spec_factor=st.sampled_from([None, 0.5, 1.0, 2.5]))
     def test_matches_the_brute_force_oracle(self, texts, draft_len, min_match_len,
                                             max_match_len, min_token_prob, max_spec_factor):
@@ -154,11 +157,9 @@ class FrequentTreeTest(absltest.TestCase):
 
     @hypothesis.settings(max_examples=300, deadline=None)
     @hypothesis.given(
-        texts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1,
-                       max_size=3),
+        texts=TEXTS,
         budget=st.integers(1, 12), min_match_len=st.integers(1, 3),
-        max_match_len=st.sampled_from([1, 2, 5, frequent.MAX_MATCH_LEN]),
-        min_token_prob=st.sampled_from([0.0, 0.1, 0.4]))
+        max_match_len=MAX_MATCH_LENS, min_token_prob=MIN_TOKEN_PROBS)
     def test_holds_the_highest_scoring_paths_of_the_brute_force_oracle(
             self, texts, budget, min_match_len, max_match_len, min_token_prob):
         kw = dict(min_match_len=min_match_len, max_match_len=max_match_len,
