@@ -24,19 +24,30 @@ MAX_MATCH_LENS = st.sampled_from([1, 2, 5, frequent.MAX_MATCH_LEN])
 MIN_TOKEN_PROBS = st.sampled_from([0.0, 0.1, 0.4])
 
 
+def scored(texts, min_match_len, max_match_len):
+    """`(m, occurrences)` of every suffix length scored: each length whose occurrences, (text
+    index, end position) of every one but the own text's end, are one of the `MAX_SETS` longest
+    lengths' distinct lists. The own text is searched last, so that order is recency."""
+    own, found = texts[-1], []
+    for m in range(min_match_len, min(max_match_len, len(own)) + 1):
+        suffix = own[len(own) - m:]
+        occurrences = [(i, e) for i, t in enumerate(texts) for e in range(m, len(t) + 1)
+                       if t[e - m:e] == suffix and not (i == len(texts) - 1 and e == len(own))]
+        if occurrences:
+            found.append((m, occurrences))
+    kept = []
+    for _, occurrences in found:
+        if occurrences not in kept:
+            kept.append(occurrences)
+    kept = kept[len(kept) - frequent.MAX_SETS:]
+    return [(m, occurrences) for m, occurrences in found if occurrences in kept]
+
+
 def oracle(texts, draft_len, *, min_match_len=1, max_match_len=frequent.MAX_MATCH_LEN,
            min_token_prob=0.1, max_spec_factor=None):
     """(draft, match length) for the last text of `texts`, searching all of them."""
-    own = texts[-1]
     best, best_score, best_m = [], 0.0, 0
-    for m in range(min_match_len, min(max_match_len, len(own)) + 1):
-        suffix = own[len(own) - m:]
-        # (text index, end position) of every occurrence but the own text's end; the own
-        # text is searched last, so that order is recency.
-        alive = [(i, e) for i, t in enumerate(texts) for e in range(m, len(t) + 1)
-                 if t[e - m:e] == suffix and not (i == len(texts) - 1 and e == len(own))]
-        if not alive:
-            continue
+    for m, alive in scored(texts, min_match_len, max_match_len):
         cap = draft_len if max_spec_factor is None else min(draft_len, int(m * max_spec_factor))
         path, prob, score = [], 1.0, 0.0
         while len(path) < cap and alive:
@@ -62,11 +73,8 @@ def tree_oracle(texts, budget, *, min_match_len=1, max_match_len=frequent.MAX_MA
     """{path: (score, the longest suffix length giving that score)} of every path of at most
     `budget` tokens after the last text scoring at least `min_token_prob` (the definition in
     `frequent.frequent_tree`'s docstring, by counting)."""
-    own, best = texts[-1], {}
-    for m in range(min_match_len, min(max_match_len, len(own)) + 1):
-        suffix = own[len(own) - m:]
-        occurrences = [(i, e) for i, t in enumerate(texts) for e in range(m, len(t) + 1)
-                       if t[e - m:e] == suffix and not (i == len(texts) - 1 and e == len(own))]
+    best = {}
+    for m, occurrences in scored(texts, min_match_len, max_match_len):
         counts = collections.Counter(tuple(texts[i][e:e + d]) for i, e in occurrences
                                      for d in range(1, budget + 1) if e + d <= len(texts[i]))
         for path, n in counts.items():
@@ -109,6 +117,17 @@ class FrequentDraftTest(absltest.TestCase):
     def test_a_tie_goes_to_the_most_recent_occurrence(self):
         text = [7, 1, 7, 2, 7]
         self.assertEqual(frequent.frequent_draft(joined([text]), len(text), 1), ([2], 1))
+
+    def test_only_the_longest_distinct_occurrence_sets_are_scored(self):
+        # Periodic text: every suffix length has a set of its own (12 in all), one occurrence
+        # fewer each. Among the 8 longest, the path 2, 1, 2, 1 scores best at length 9; every
+        # set would have given it to length 1, whose occurrences all continue that way.
+        text = [5, 6] + [1, 2] * 12 + [1]
+        sets = frequent.occurrence_sets(joined([text]), len(text), 1, 64)
+        self.assertEqual(len(sets), frequent.MAX_SETS)
+        got = frequent.frequent_draft(joined([text]), len(text), 4)
+        self.assertEqual(got, ([2, 1, 2, 1], 9))
+        self.assertEqual(got, oracle([text], 4))
 
     def test_min_token_prob_stops_the_path(self):
         text = [5, 1, 5, 2, 5, 3, 5]       # after 5: 1, 2, 3 once each, p = 1/3
