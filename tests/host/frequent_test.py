@@ -39,7 +39,7 @@ def scored(texts, min_match_len, max_match_len):
     for _, occurrences in found:
         if occurrences not in kept:
             kept.append(occurrences)
-    kept = kept[len(kept) - frequent.MAX_SETS:]
+    kept = kept[-frequent.MAX_SETS:]
     return [(m, occurrences) for m, occurrences in found if occurrences in kept]
 
 
@@ -174,6 +174,9 @@ class FrequentTreeTest(absltest.TestCase):
         tokens, parents, match = frequent.frequent_tree(joined([text]), len(text), 3)
         self.assertEqual((tokens, parents, match), ([6, 7, 8], [-1, 0, 1], 2))
 
+    # Fewer sets than MAX_SETS, across two texts: all of them are scored.
+    @hypothesis.example(texts=[[0, 2, 0, 2, 0], [2, 0, 2, 0, 2, 0]], budget=3, min_match_len=1,
+                        max_match_len=5, min_token_prob=0.0)
     @hypothesis.settings(max_examples=300, deadline=None)
     @hypothesis.given(
         texts=TEXTS,
