@@ -104,13 +104,14 @@ def drafters(k: int) -> dict[str, callable]:
 def per_step(pairs, k: int) -> dict[str, float]:
     """Tokens per verify step (bonus included) of every drafter and the copy bounds, pooled over
     the `(prompt, output)` pairs."""
-    columns = {}
-    for name, factory in drafters(k).items():
-        steps = [a for p, o in pairs for a in accepted_steps(p, o, factory())]
-        columns[name] = 1 + float(np.mean(steps)) if steps else 1.0
+    def tokens(steps):
+        return 1 + float(np.mean(steps)) if steps else 1.0
+
+    columns = {name: tokens([a for p, o in pairs for a in accepted_steps(p, o, factory())])
+               for name, factory in drafters(k).items()}
     for bound in (k, 2 * k):
-        steps = [a for p, o in pairs for a in oracle.copy_bound(p, o, bound)]
-        columns[f"copy bound K={bound}"] = 1 + float(np.mean(steps)) if steps else 1.0
+        columns[f"copy bound K={bound}"] = tokens(
+            [a for p, o in pairs for a in oracle.copy_bound(p, o, bound)])
     return columns
 
 

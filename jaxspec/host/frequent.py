@@ -34,8 +34,8 @@ and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%.
 
 `frequent_tree` drafts a tree instead: the most probable continuations of every suffix length,
 best first, up to a node budget (SuffixDecoding's tree mode). Teacher-forced over the same replies
-it would commit more a step than any single draft (`benchmarks.draft_quality`, BENCHMARKS.md);
-the engine does not verify trees yet.
+a tree of N nodes commits at least what a single draft of N does (`benchmarks.draft_quality`,
+BENCHMARKS.md); the engine does not verify trees yet.
 
 This runs on the host, beside the device automaton rather than in it: scoring needs the count of
 every continuation of a state, which the automaton's transition layout cannot enumerate, and
@@ -160,7 +160,7 @@ def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int
     (SuffixDecoding's tree mode).
 
     A node is a path of tokens after the text's end; its score is the largest, over the suffix
-    lengths m in `[min_match_len, max_match_len]`, of the share of m's occurrences whose
+    lengths m that `occurrence_sets` scores, of the share of m's occurrences whose
     continuation starts with the path (`best_path`'s running probability along it). The tree
     holds the `budget` highest-scoring paths of score at least `min_token_prob` (ties: the
     longer match, then the path found first); every prefix of a path scores at least what the
