@@ -210,7 +210,7 @@ class LlamaForCausalLM(nnx.Module):
 
     def __call__(self, tokens, kv: kv_cache.KVPages, view: kv_cache.CacheView):
         t = tokens.shape[1]
-        positions = view.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+        positions = view.positions(t)
         # Rows gathered in the table's dtype: calling nnx.Embed would cast the whole table to
         # float32 first (it returns float32 whatever the table holds).
         x = jnp.take(self.embed.embedding[...], tokens, axis=0)

@@ -13,7 +13,8 @@ length are never read), scores all `Q = G * T` query rows at once, and rescales 
 `(acc, m, l)`. The wrapper merges the splits' partials with one more rescale. `attention_partials`
 (the fast path's attention, reference `jaxspec.device.attention.attention_partials`) also takes
 the T new tokens' keys and values: the last split of every (row, KV head) folds them in as one
-more block, masked causally (query row `g * T + t` sees new keys 0..t).
+more block, masked causally (query row `g * T + t` sees new keys 0..t) or by a token tree's
+mask (`jaxspec.device.tree`: its ancestors and itself), expanded to the query rows by the wrapper.
 """
 
 import functools
@@ -77,14 +78,18 @@ def _load_block(k_pages_ref, v_pages_ref, page_table_ref, *, layer, row, head, b
     return pos, k.astype(jnp.float32), v.astype(jnp.float32)
 
 
-def _fold_new_tokens(q, k_new_ref, v_new_ref, carry, *, row, head, num_new: int, fold):
-    """Folds the new keys at or before each query's own token into its partials where `fold`
-    (else leaves them exactly as they are): query r is new token r % T."""
+def _fold_new_tokens(q, k_new_ref, v_new_ref, *tree_ref, carry, row, head, num_new: int, fold):
+    """Folds the new keys at or before each query's own token (with `tree_ref`, i32[B, Qp, Tp],
+    those it marks) into its partials where `fold` (else leaves them exactly as they are):
+    query r is new token r % T."""
     acc, m_i, l_i = carry
     k = k_new_ref[row, head, :, :].astype(jnp.float32)                     # [Tp, D]
     v = v_new_ref[row, head, :, :].astype(jnp.float32)
-    token = jnp.arange(q.shape[0], dtype=jnp.int32) % num_new              # [Qp]
-    visible = (jnp.arange(k.shape[0], dtype=jnp.int32)[None, :] <= token[:, None]) & fold
+    if tree_ref:
+        visible = (tree_ref[0][row, :, :] != 0) & fold                     # [Qp, Tp]
+    else:
+        token = jnp.arange(q.shape[0], dtype=jnp.int32) % num_new          # [Qp]
+        visible = (jnp.arange(k.shape[0], dtype=jnp.int32)[None, :] <= token[:, None]) & fold
     scores = jnp.where(visible, _dot(q, k, trans_b=True), MASK_VALUE)      # [Qp, Tp]
     m_next = jnp.maximum(m_i, scores.max(axis=1))
     correction = jnp.exp(m_i - m_next)
@@ -100,8 +105,9 @@ def _cached_attention_kernel(
     v_pages_ref,      # [L, N, S, Hkv, D]
     page_table_ref,   # i32[B, P]
     lengths_ref,      # i32[B]
-    *refs,            # with num_new: k_new, v_new [B, Hkv, Tp, D]; then the outputs:
-                      # acc f32[B, Hkv, splits, Qp, D], m and l f32[B, Hkv, splits, Qp]
+    *refs,            # with num_new: k_new, v_new [B, Hkv, Tp, D] (and a tree's i32[B, Qp, Tp]);
+                      # then the outputs: acc f32[B, Hkv, splits, Qp, D], m and l
+                      # f32[B, Hkv, splits, Qp]
     pages_per_block: int, num_splits: int, num_new: int,
 ):
     new_refs, (acc_ref, m_ref, l_ref) = refs[:-3], refs[-3:]
@@ -139,8 +145,9 @@ def _cached_attention_kernel(
     if num_new:
         # The last split takes the new tokens: one small masked dot in every other program
         # costs less than a branch, and leaves their partials bit for bit as they were.
-        acc, m_i, l_i = _fold_new_tokens(q, *new_refs, (acc, m_i, l_i), row=row, head=head,
-                                         num_new=num_new, fold=split == num_splits - 1)
+        acc, m_i, l_i = _fold_new_tokens(q, *new_refs, carry=(acc, m_i, l_i), row=row,
+                                         head=head, num_new=num_new,
+                                         fold=split == num_splits - 1)
     acc_ref[row, head, split, :, :] = acc
     m_ref[row, head, split, :] = m_i
     l_ref[row, head, split, :] = l_i
@@ -192,19 +199,34 @@ def static_validate(q, k_pages, v_pages, page_table, lengths, *, layer: int,
         raise NotImplementedError(f"empty grid: {rows} rows x {kv_heads} KV heads")
 
 
+def _check_tree(tree, rows: int, num_new: int) -> None:
+    """ValueError unless `tree` is None or bool[rows, T, T]."""
+    if tree is not None and (tree.shape != (rows, num_new, num_new) or tree.dtype != jnp.bool_):
+        raise ValueError(f"tree must be bool[{rows}, {num_new}, {num_new}], got {tree.dtype}"
+                         f"{list(tree.shape)}")
+
+
 def default_num_splits(rows: int, kv_heads: int, table_width: int, pages_per_block: int) -> int:
     """Splits per (row, KV head): enough programs to fill the GPU, at most one per block."""
     return max(1, min(pl.cdiv(table_width, pages_per_block),
                       TARGET_PROGRAMS // (rows * kv_heads)))
 
 
+def _query_rows_tree(tree, query_rows: int, padded_rows: int, padded_new: int):
+    """A token tree's mask (bool[B, T, T]) per query row: i32[B, padded_rows, padded_new], row
+    `g * T + t` being token t's row, zero in the padding."""
+    num_new = tree.shape[1]
+    rows = tree[:, jnp.arange(query_rows) % num_new].astype(jnp.int32)     # [B, Q, T]
+    return jnp.pad(rows, ((0, 0), (0, padded_rows - query_rows), (0, padded_new - num_new)))
+
+
 def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: int,
                           pages_per_block: int, num_splits: int, interpret: bool,
-                          k_new=None, v_new=None):
+                          k_new=None, v_new=None, tree=None):
     """The `pallas_call` over `num_splits` splits per (row, KV head), then the combine.
 
     Same arguments and results as `cached_attention` (validated there), which jits this; with
-    `k_new` and `v_new` those of `attention_partials` (validated there).
+    `k_new`, `v_new` (and `tree`) those of `attention_partials` (validated there).
     """
     rows, kv_heads, query_rows, head_dim = q.shape
     if page_table.shape[1] == 0:  # nothing can be cached: every row is empty
@@ -219,6 +241,8 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
         pad = ((0, 0), (0, 0), (0, max(MIN_DOT_DIM, pl.next_power_of_2(num_new)) - num_new),
                (0, 0))
         new = (jnp.pad(k_new, pad), jnp.pad(v_new, pad))
+        if tree is not None:
+            new += (_query_rows_tree(tree, query_rows, padded_rows, pad[2][1] + num_new),)
     partial_shape = (rows, kv_heads, num_splits, padded_rows)
     num_warps, num_stages = LAUNCH[jnp.dtype(k_pages.dtype).name]
     num_warps = num_warps if padded_rows <= SMALL_Q else max(num_warps, 8)
@@ -284,7 +308,7 @@ def cached_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int,
 
 @functools.partial(jax.jit, static_argnames=("layer", "pages_per_block", "interpret"))
 def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *, layer: int,
-                       pages_per_block: int, interpret: bool = False):
+                       pages_per_block: int, interpret: bool = False, tree=None):
     """Online-softmax partials of each new query over its row's cached slots and the new keys at
     or before its own token: `cached_attention` with the new tokens folded in by the last split
     of every (row, KV head), so a layer's attention is one kernel and one combine.
@@ -294,6 +318,8 @@ def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *
       k_new, v_new: f32[B, Hkv, T, D] the new tokens' keys and values.
       k_pages, v_pages, page_table, lengths, layer, pages_per_block, interpret: as in
         `cached_attention`.
+      tree: bool[B, T, T] new token t sees new token u iff tree[b, t, u] (a token tree,
+        `jaxspec.device.tree`), or None: causally.
 
     Returns:
       `(acc, m, l)` as in `cached_attention`, over both parts.
@@ -311,12 +337,13 @@ def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *
         raise ValueError(f"k_new and v_new must be [B, Hkv, T, D] with T dividing the "
                          f"{query_rows} query rows, got {k_new.shape} and {v_new.shape} for q "
                          f"{q.shape}")
+    _check_tree(tree, rows, num_new)
     if page_table.shape[1] == 0:
         raise NotImplementedError("a page table without columns: nothing for a split to hold")
     num_splits = default_num_splits(rows, kv_heads, page_table.shape[1], pages_per_block)
     return cached_attention_call(q, k_pages, v_pages, page_table, lengths, layer=layer,
                                  pages_per_block=pages_per_block, num_splits=num_splits,
-                                 interpret=interpret, k_new=k_new, v_new=v_new)
+                                 interpret=interpret, k_new=k_new, v_new=v_new, tree=tree)
 
 
 # ------------------------------------------------------------------ causal attention (exact)
@@ -346,12 +373,11 @@ def _causal_attention_kernel(
     v_pages_ref,      # [L, N, S, Hkv, D]
     page_table_ref,   # i32[B, P]
     lengths_ref,      # i32[B]
-    # outputs
-    acc_ref,          # f32[B, Hkv, splits, Qp, D]
-    m_ref,            # f32[B, Hkv, splits, Qp]
-    l_ref,            # f32[B, Hkv, splits, Qp]
-    *, pages_per_block: int, blocks_per_split: int, num_new: int, num_queries: int,
+    *refs,            # a tree's i32[B, Qp, Tp] (`_query_rows_tree`), then the outputs:
+                      # acc f32[B, Hkv, splits, Qp, D], m and l f32[B, Hkv, splits, Qp]
+    pages_per_block: int, blocks_per_split: int, num_new: int, num_queries: int,
 ):
+    tree_ref, (acc_ref, m_ref, l_ref) = refs[:-3], refs[-3:]
     row, head = pl.program_id(0), pl.program_id(1)
     tile, split = pl.program_id(2), pl.program_id(3)
     page_size, head_dim = k_pages_ref.shape[2], k_pages_ref.shape[4]
@@ -373,6 +399,12 @@ def _causal_attention_kernel(
                                 row=row, head=head, block=block,
                                 pages_per_block=pages_per_block, readable_below=row_limit)
         visible = pos[None, :] < limit[:, None]                             # [QT, block_k]
+        if tree_ref:
+            # New keys only where the tree marks them: a gather of [QT, block_k] flags.
+            new = pos - cached
+            column = jnp.clip(new, 0, tree_ref[0].shape[2] - 1)
+            marked = plgpu.load(tree_ref[0].at[row, r[:, None], column[None, :]])
+            visible &= (new < 0)[None, :] | (marked != 0)
         scores = jnp.where(visible, _dot(q, k, trans_b=True), MASK_VALUE)
         m_next = jnp.maximum(m_i, scores.max(axis=1))
         # Masked keys weigh exp(MASK - m) = 0 beside any real score: a block past a query's
@@ -395,7 +427,7 @@ def _causal_attention_kernel(
 @functools.partial(jax.jit, static_argnames=("layer", "num_new", "pages_per_block",
                                              "interpret"))
 def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, num_new: int,
-                     pages_per_block: int = 8, interpret: bool = False):
+                     pages_per_block: int = 8, interpret: bool = False, tree=None):
     """Online-softmax partials of each new query over the cached keys up to its own position,
     split at fixed absolute positions: the exact mode's attention.
 
@@ -415,6 +447,8 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
       num_new: static T, new tokens per row.
       pages_per_block: static, pages loaded per loop iteration.
       interpret: run the kernel in the Pallas interpreter.
+      tree: bool[B, T, T] new token t sees new token u iff tree[b, t, u] (a token tree), or
+        None: causally.
 
     Returns:
       `(acc f32[B, Hkv, splits, Q, D], m f32[B, Hkv, splits, Q], l f32[B, Hkv, splits, Q])`
@@ -429,6 +463,7 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
     rows, kv_heads, num_queries, head_dim = q.shape
     if num_queries % num_new:
         raise ValueError(f"{num_queries} query rows are not G x {num_new} new tokens")
+    _check_tree(tree, rows, num_new)
     page_size = k_pages.shape[2]
     block_k = page_size * pages_per_block
     table_keys = page_table.shape[1] * page_size
@@ -436,6 +471,8 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
     num_splits = max(1, pl.cdiv(pl.cdiv(table_keys, block_k), per_split))
     padded = pl.cdiv(num_queries, QUERY_TILE) * QUERY_TILE
     q = jnp.pad(q, ((0, 0), (0, 0), (0, padded - num_queries), (0, 0)))
+    extra = () if tree is None else (_query_rows_tree(
+        tree, num_queries, padded, max(MIN_DOT_DIM, pl.next_power_of_2(num_new))),)
     partial_shape = (rows, kv_heads, num_splits, padded)
     kernel = functools.partial(_causal_attention_kernel, pages_per_block=pages_per_block,
                                blocks_per_split=per_split, num_new=num_new,
@@ -451,5 +488,5 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
             num_stages=LAUNCH[jnp.dtype(k_pages.dtype).name][1]),
         interpret=interpret,
         name=f"causal_attention_{pages_per_block=}_{per_split=}",
-    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths)
+    )(jnp.full((1,), layer, jnp.int32), q, k_pages, v_pages, page_table, lengths, *extra)
     return tuple(x[:, :, :, :num_queries] for x in (acc, m, l))

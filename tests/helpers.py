@@ -21,3 +21,15 @@ def draft_rows(match_len, draft, lens) -> list[tuple[int, list[int]]]:
         np.testing.assert_array_equal(d[n:], 0)
         out.append((int(m), d[:n].tolist()))
     return out
+
+
+def random_tree(rows, num_new, seed=2):
+    """bool[rows, T, T] the ancestor masks of random token trees (a parent before its child)."""
+    rng = np.random.default_rng(seed)
+    tree = np.zeros((rows, num_new, num_new), bool)
+    for b in range(rows):
+        for t in range(num_new):
+            tree[b, t, t] = True
+            if t:
+                tree[b, t] |= tree[b, rng.integers(0, t)]
+    return tree

@@ -174,9 +174,11 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
     return acc, m.reshape(b, hkv, nq), jnp.where(has_keys, l, 0.0).reshape(b, hkv, nq)
 
 
-def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups: int
+def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups: int,
+                        tree: jax.Array | None = None
                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Online-softmax partials of each new query over the new keys at or before its position.
+    """Online-softmax partials of each new query over the new keys at or before its position
+    (or, in a token tree, over its ancestors and itself).
 
     Queries run in tiles of NEW_TOKEN_TILE tokens, each over the keys up to its last token only,
     so a long prompt chunk skips most of the causal mask's upper triangle.
@@ -185,6 +187,8 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
       q: f32[B, Hkv, G * T, D] queries grouped by KV head (row g * T + t), scaled.
       k, v: f32[B, Hkv, T, D] the new keys and values.
       num_groups: G.
+      tree: bool[B, T, T] new token t sees new token u iff tree[b, t, u] (a parent precedes its
+        children, so u <= t), or None: causally.
 
     Returns:
       (acc f32[B, Hkv, G * T, D], m f32[B, Hkv, G * T], l f32[B, Hkv, G * T]) as in
@@ -200,8 +204,11 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
         s = jnp.einsum("bhqd,bhud->bhqu", q[:, :, :, start:stop].reshape(b, hkv, n, d),
                        k[:, :, :stop])                                     # [B, Hkv, n, stop]
         query_pos = jnp.tile(jnp.arange(start, stop), num_groups)          # row g*c + i -> start+i
-        causal = jnp.arange(stop)[None, :] <= query_pos[:, None]           # [n, stop]
-        s = jnp.where(causal[None, None], s, MASK_VALUE)
+        if tree is None:
+            visible = (jnp.arange(stop)[None, :] <= query_pos[:, None])[None, None]
+        else:
+            visible = tree[:, query_pos, :stop][:, None]                  # [B, 1, n, stop]
+        s = jnp.where(visible, s, MASK_VALUE)
         m = jnp.max(s, axis=-1)
         p = jnp.exp(s - m[..., None])
         acc = jnp.einsum("bhqu,bhud->bhqd", p, v[:, :, :stop])
@@ -215,7 +222,7 @@ def new_token_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, num_groups:
 
 def attention_partials(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages: jax.Array,
                        v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array, *,
-                       layer: int, pages_per_block: int
+                       layer: int, pages_per_block: int, tree: jax.Array | None = None
                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Online-softmax partials of each new query over its row's cached slots and the new keys at
     or before its own position: `cached_attention` and `new_token_attention` merged.
@@ -225,13 +232,15 @@ def attention_partials(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pages
         scaled by D ** -0.5.
       k_new, v_new: f32[B, Hkv, T, D] the new tokens' keys and values.
       k_pages, v_pages, page_table, lengths, layer, pages_per_block: as in `cached_attention`.
+      tree: as in `new_token_attention`.
 
     Returns:
       (acc f32[B, Hkv, G * T, D], m f32[B, Hkv, G * T], l f32[B, Hkv, G * T]) as in
       `cached_attention`; every query sees at least its own key, so l > 0.
     """
     acc_new, m_new, l_new = new_token_attention(q, k_new, v_new,
-                                                num_groups=q.shape[2] // k_new.shape[2])
+                                                num_groups=q.shape[2] // k_new.shape[2],
+                                                tree=tree)
     acc, m, l = cached_attention(q, k_pages, v_pages, page_table, lengths, layer=layer,
                                  pages_per_block=pages_per_block)
     m_all = jnp.maximum(m, m_new)
@@ -251,7 +260,7 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
       k_new, v_new: [B, T, Hkv, D] keys (RoPE applied) and values of the new tokens.
       kv: the cache pages of every layer (their own dtype).
       layer: static index of this layer's pages.
-      view: the rows' page tables and lengths.
+      view: the rows' page tables, lengths and token tree.
       partials: computes the partials (`attention_partials`'s contract).
 
     Returns:
@@ -267,6 +276,6 @@ def paged_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
     vn = jnp.transpose(v_new.astype(f32), (0, 2, 1, 3))
 
     acc, _, l = partials(qh, kn, vn, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
-                         pages_per_block=pages_per_block(hkv, g * t))
+                         pages_per_block=pages_per_block(hkv, g * t), tree=view.tree)
     out = (acc / l[..., None]).reshape(b, hkv, g, t, d)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, hq, d).astype(q.dtype)

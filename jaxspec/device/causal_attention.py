@@ -30,8 +30,9 @@ PAGES_PER_BLOCK = 8              # the kernel's block: 128 keys of 16-slot pages
 
 @functools.partial(jax.jit, static_argnames=("layer", "num_new", "pages_per_block"))
 def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, num_new: int,
-                     pages_per_block: int = PAGES_PER_BLOCK):
-    """Partials of each new query over the cached keys up to its position (one split).
+                     pages_per_block: int = PAGES_PER_BLOCK, tree=None):
+    """Partials of each new query over the cached keys up to its position (one split); in a
+    token tree, over the keys cached before the new ones and its ancestors' and its own.
 
     Args:
       q: f32[B, Hkv, Q, D] queries grouped by KV head, row `r = g * T + t` at position
@@ -40,6 +41,7 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
       page_table: i32[B, P]; lengths: i32[B] tokens cached before the new ones.
       layer: static layer index; num_new: static T.
       pages_per_block: static, pages per loop iteration.
+      tree: bool[B, T, T] new token t sees new token u iff tree[b, t, u], or None: causally.
 
     Returns:
       `(acc f32[B, Hkv, 1, Q, D], m f32[B, Hkv, 1, Q], l f32[B, Hkv, 1, Q])`.
@@ -68,6 +70,10 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
             v = v_pages[layer, cols, :, head].reshape(block, d).astype(jnp.float32)
             pos = i * block + jnp.arange(block)
             visible = pos[None, :] < limit[:, None]
+            if tree is not None:
+                new = pos - lengths[row]
+                sees = tree[row][(r % num_new)[:, None], jnp.clip(new, 0, num_new - 1)[None, :]]
+                visible &= (new < 0)[None, :] | sees
             s = jnp.where(visible, queries @ k.T, attention.MASK_VALUE)
             m_next = jnp.maximum(m, jnp.max(s, axis=1))
             correction = jnp.exp(m - m_next)
@@ -129,5 +135,5 @@ def exact_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, kv: kv_cac
     qh = jnp.transpose(q.astype(jnp.float32).reshape(b, t, hkv, g, d), (0, 2, 3, 1, 4))
     qh = qh.reshape(b, hkv, g * t, d) * (d ** -0.5)
     out = merge_splits(*partials(qh, kv.k, kv.v, view.page_table, view.lengths, layer=layer,
-                                 num_new=t)).reshape(b, hkv, g, t, d)
+                                 num_new=t, tree=view.tree)).reshape(b, hkv, g, t, d)
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, hq, d).astype(q.dtype), kv

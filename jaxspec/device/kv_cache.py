@@ -78,6 +78,10 @@ class CacheView:
         (`jaxspec.device.sharding`).
       numerics: static, "fast" (XLA's own choices) or "exact" (every row computed the same way
         whatever the number of rows in the call: `jaxspec.device.exact`).
+      tree: bool[B, T, T] new token i attends to new token j (a token tree: j is i or one of
+        its ancestors, `jaxspec.device.tree`), or None: causally, j <= i.
+      depth: i32[B, T] with a tree, each new token's depth: its position is `lengths + depth`
+        (None: `lengths + t`).
     """
 
     page_table: jax.Array
@@ -86,6 +90,14 @@ class CacheView:
     implementation: str | None = flax.struct.field(pytree_node=False, default=None)
     mesh: Any = flax.struct.field(pytree_node=False, default=None)
     numerics: str = flax.struct.field(pytree_node=False, default="fast")
+    tree: jax.Array | None = None
+    depth: jax.Array | None = None
+
+    def positions(self, num_tokens: int) -> jax.Array:
+        """i32[B, T] the positions of the T new tokens (RoPE's, and the sampling keys')."""
+        offsets = (jnp.arange(num_tokens, dtype=jnp.int32)[None, :] if self.depth is None
+                   else self.depth)
+        return self.lengths[:, None] + offsets
 
 
 def init_pages(*, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
@@ -120,12 +132,37 @@ def write_slots(view: CacheView, num_tokens: int, page_size: int) -> tuple[jax.A
     Padding tokens (t >= num_new[b]) and positions past the page table go to NULL_PAGE.
     """
     t = jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
-    pos = view.lengths[:, None] + t                                          # [B, T]
+    return _slots(view, t, t < view.num_new[:, None], page_size)
+
+
+def _slots(view: CacheView, offsets: jax.Array, valid: jax.Array, page_size: int):
+    """(page, offset) of slots `lengths + offsets` (i32[B, T]); invalid ones and those past the
+    page table on NULL_PAGE."""
+    pos = view.lengths[:, None] + offsets
     col = pos // page_size
     max_cols = view.page_table.shape[1]
     page = jnp.take_along_axis(view.page_table, jnp.minimum(col, max_cols - 1), axis=1)
-    valid = (t < view.num_new[:, None]) & (col < max_cols)
-    return jnp.where(valid, page, NULL_PAGE), pos % page_size
+    return jnp.where(valid & (col < max_cols), page, NULL_PAGE), pos % page_size
+
+
+def move_slots(kv: KVPages, view: CacheView, sources: jax.Array, count: jax.Array) -> KVPages:
+    """Moves every layer's keys and values of slots `lengths + sources[b, d]` to `lengths + d`,
+    for d < count[b]: a tree's accepted path to the slots plain decoding would have used
+    (`jaxspec.device.tree`). All sources are read before any slot is written.
+
+    Args:
+      kv: the pages.
+      view: rows' page tables and lengths (those of the step that wrote the sources).
+      sources: i32[B, T] the slot offset holding depth d's token.
+      count: i32[B] slots to fill per row (0 for padding rows).
+    """
+    t = sources.shape[1]
+    everywhere = jnp.ones(sources.shape, bool)
+    src_page, src_offset = _slots(view, sources, everywhere, kv.page_size)
+    offsets = jnp.arange(t, dtype=jnp.int32)[None, :]
+    page, offset = _slots(view, offsets, offsets < count[:, None], kv.page_size)
+    return KVPages(k=kv.k.at[:, page, offset].set(kv.k[:, src_page, src_offset]),
+                   v=kv.v.at[:, page, offset].set(kv.v[:, src_page, src_offset]))
 
 
 def write(kv: KVPages, new_k: jax.Array, new_v: jax.Array, view: CacheView) -> KVPages:

@@ -30,9 +30,11 @@ class CacheSpec:
 class CausalLM(Protocol):
     """A decoder-only LM that reads and writes a paged KV cache.
 
-    `__call__` runs T new tokens per row at positions `view.lengths[b] + t` and returns hidden
-    states; `logits` maps hidden states to float32 vocabulary logits. They are separate so a
-    caller can compute logits only where it needs them (the last prompt position in prefill).
+    `__call__` runs T new tokens per row at positions `view.positions(T)` (`lengths[b] + t`,
+    or in a token tree `lengths[b] + depth`) and returns hidden states, its attention reading
+    the new keys causally or through `view.tree` (`ops.paged_attention` does both); `logits`
+    maps hidden states to float32 vocabulary logits. They are separate so a caller can compute
+    logits only where it needs them (the last prompt position in prefill).
     With `view.numerics == "exact"` every row must be computed the same way whatever the number
     of rows in the call (`jaxspec.device.linear`, `jaxspec.device.causal_attention`); the caller
     passes the same view to `logits`, so the hidden states in between may be the model's own

@@ -98,8 +98,8 @@ KERNEL_PAGES_PER_BLOCK = 8
 
 
 def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *, layer: int,
-                       pages_per_block: int, implementation: Implementation | None = None,
-                       mesh=None):
+                       pages_per_block: int, tree=None,
+                       implementation: Implementation | None = None, mesh=None):
     """Attention partials over the cached slots and the new tokens
     (`jaxspec.device.attention.attention_partials`) by the chosen implementation; the kernel
     loads `KERNEL_PAGES_PER_BLOCK` pages per step. With a mesh, each device computes its data
@@ -113,13 +113,16 @@ def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *
                             pages_per_block=pages_per_block,
                             kernel_kwargs=dict(pages_per_block=KERNEL_PAGES_PER_BLOCK))
     if mesh is None:
-        return run(q, k_new, v_new, k_pages, v_pages, page_table, lengths)
-    heads = P(sharding.DATA, sharding.MODEL)
+        return run(q, k_new, v_new, k_pages, v_pages, page_table, lengths, tree=tree)
+    heads, rows = P(sharding.DATA, sharding.MODEL), P(sharding.DATA)
+    # The tree travels as an operand, sharded by rows like the tables (None: no operand).
     return jax.shard_map(
-        run, mesh=mesh, check_vma=False,
-        in_specs=(heads, heads, heads, sharding.KV_SPEC, sharding.KV_SPEC, P(sharding.DATA),
-                  P(sharding.DATA)),
-        out_specs=(heads, heads, heads))(q, k_new, v_new, k_pages, v_pages, page_table, lengths)
+        lambda *args: run(*args[:7], tree=args[7] if len(args) > 7 else None), mesh=mesh,
+        check_vma=False,
+        in_specs=(heads, heads, heads, sharding.KV_SPEC, sharding.KV_SPEC, rows, rows)
+        + ((rows,) if tree is not None else ()),
+        out_specs=(heads, heads, heads))(q, k_new, v_new, k_pages, v_pages, page_table, lengths,
+                                         *(() if tree is None else (tree,)))
 
 
 def paged_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,
@@ -146,7 +149,7 @@ def linear(x, w, norm_weight=None, residual=None, *, eps: float = 1e-5,
 
 
 def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, num_new: int,
-                     implementation: Implementation | None = None):
+                     tree=None, implementation: Implementation | None = None):
     """Exact mode's attention partials (`jaxspec.device.causal_attention.causal_attention`) by
     the chosen implementation.
 
@@ -155,7 +158,7 @@ def causal_attention(q, k_pages, v_pages, page_table, lengths, *, layer: int, nu
     """
     return _dispatch(implementation, ("paged_attention", "causal_attention"),
                      causal_lib.causal_attention, q, k_pages, v_pages, page_table, lengths,
-                     layer=layer, num_new=num_new)
+                     layer=layer, num_new=num_new, tree=tree)
 
 
 def exact_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,

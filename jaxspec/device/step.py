@@ -11,7 +11,7 @@ Three jitted entry points, pure functions of pytrees. Each takes the executor's 
                      row's automaton with exactly the committed tokens and looks up the next
                      drafts, all on the device. The drafts wait in a `DraftBuffer` indexed by
                      automaton slot until the next step reads them, so they never travel to the
-                     host.
+                     host. Host drafts may be token trees (`StepConfig.tree`, tree.py).
 
 KV rollback needs nothing here: every input position is written, and the host advances the
 sequence length by `num_new_tokens` only (kv_cache.py's diagram).
@@ -41,6 +41,7 @@ from jaxspec.device import kv_cache
 from jaxspec.device import ops
 from jaxspec.device import sampling
 from jaxspec.device import sharding
+from jaxspec.device import tree as tree_lib
 from jaxspec.device import verify
 
 DraftSource = Literal["none", "host", "sa"]
@@ -81,6 +82,9 @@ class StepConfig:
       chained: the step follows one whose outputs the host has not read yet
         (`StepInputs.previous`): each row's last token and cached length come from those
         outputs, on the device.
+      tree: the host drafts are token trees (`StepInputs.parents`, `jaxspec.device.tree`):
+        verified side by side, the deepest accepted path committed and its keys and values
+        moved into place.
     """
 
     graphdef: Any
@@ -98,6 +102,7 @@ class StepConfig:
     implementation: str | None = None
     mesh: Any = None
     chained: bool = False
+    tree: bool = False
 
     def __post_init__(self):
         if self.k < 0:
@@ -106,6 +111,9 @@ class StepConfig:
             raise ValueError(f"k ({self.k}) exceeds the draft buffer width ({self.sa_draft_len})")
         if self.draft_source == "sa" and not self.automaton:
             raise ValueError("draft_source 'sa' needs automaton=True")
+        if self.tree and (self.draft_source != "host" or self.automaton):
+            raise ValueError(f"token trees are host drafts without device automata, got "
+                             f"draft_source={self.draft_source!r}, automaton={self.automaton}")
         # jit hashes its static arguments on every call; hashing a 30-layer graphdef costs
         # ~20 ms, so a canonical graphdef's hash is computed once (`canonical_graphdef`).
         graphdef = _GRAPHDEF_HASHES.get(id(self.graphdef))
@@ -209,6 +217,8 @@ class StepInputs:
         device automata.
       previous: with `StepConfig.chained`, the previous step's `(new_tokens i32[B, K+1],
         num_new_tokens i32[B])`, still on the device, the same rows in the same order; else None.
+      parents: with `StepConfig.tree`, i32[B, K] the input each draft continues
+        (`jaxspec.device.tree`); else None.
     """
 
     last_tokens: jax.Array
@@ -218,6 +228,7 @@ class StepInputs:
     sampling: sampling.SamplingArrays
     slots: jax.Array
     previous: tuple[jax.Array, jax.Array] | None = None
+    parents: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -387,14 +398,23 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     # Padding rows (num_new == 0) verify nothing.
     draft_lens = jnp.where(inputs.view.num_new > 0, jnp.minimum(draft_lens, k), 0)
     tokens = jnp.concatenate([inputs.last_tokens[:, None], drafts], axis=1)      # [B, 1+K]
+    view = inputs.view
+    if cfg.tree:
+        mask, depth = tree_lib.ancestors(inputs.parents)
+        view = view.replace(tree=mask, depth=depth)
 
-    model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, inputs.view)
-    state = state.replace(kv=kv)
-    positions = inputs.view.lengths[:, None] + 1 + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-    logits = model.logits(hidden, inputs.view)
-    target = sampling.choose_tokens(logits, inputs.sampling, positions,
+    model, hidden, kv = _forward(cfg.graphdef, params, tokens, state.kv, view)
+    # Each target token is drawn at the position it would take in the text (its sampling key).
+    logits = model.logits(hidden, view)
+    target = sampling.choose_tokens(logits, inputs.sampling, view.positions(k + 1) + 1,
                                     greedy_only=cfg.greedy_only)
-    new_tokens, num_new = verify.accept(drafts, draft_lens, target)
+    if cfg.tree:
+        new_tokens, num_new, path = tree_lib.accept(drafts, inputs.parents, draft_lens, target,
+                                                    view.tree, view.depth)
+        kv = kv_cache.move_slots(kv, view, path, jnp.where(view.num_new > 0, num_new, 0))
+    else:
+        new_tokens, num_new = verify.accept(drafts, draft_lens, target)
+    state = state.replace(kv=kv)
     next_lens = next_match = jnp.zeros_like(num_new)
     if cfg.automaton:
         num_commit = jnp.where(inputs.view.num_new > 0, num_new, 0)

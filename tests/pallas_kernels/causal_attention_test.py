@@ -1,9 +1,9 @@
 """Exact mode's attention three ways (the XLA reference, the kernel interpreted on CPU, compiled on
-a GPU) against a float64 oracle, and bitwise: a query's output is the same float in a plain call
-(one new token), a verify call (several), a batch with other rows, and a wider table. Every slot
-no query may see holds NaN (the NULL page, slots past the last new token, other layers)."""
+a GPU) against a float64 oracle, causal and through token trees' masks, and bitwise: a query's
+output is the same float in a plain call (one new token), a verify call (several), a batch with
+other rows, and a wider table. Every slot no query may see holds NaN (the NULL page, slots past
+the last new token, other layers)."""
 
-import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -15,6 +15,7 @@ import numpy as np
 from jaxspec.device import causal_attention as causal_lib
 from jaxspec.device import ops
 from jaxspec.pallas_kernels import paged_attention
+from tests import helpers
 
 PAGE_SIZE = 16
 HEAD_DIM = 16
@@ -49,8 +50,9 @@ def _queries(rows, kv_heads, num_queries, seed=1):
     return jnp.asarray(q, jnp.float32)
 
 
-def _oracle(q, k_pages, v_pages, table, lengths, num_new):
-    """float64 attention of each query over the keys up to its position."""
+def _oracle(q, k_pages, v_pages, table, lengths, num_new, tree=None):
+    """float64 attention of each query over the keys up to its position (with a tree: the keys
+    cached before the new ones, and the new ones the tree marks)."""
     q = np.asarray(q, np.float64)
     k = np.asarray(k_pages[LAYER].astype(jnp.float32), np.float64)
     v = np.asarray(v_pages[LAYER].astype(jnp.float32), np.float64)
@@ -62,21 +64,25 @@ def _oracle(q, k_pages, v_pages, table, lengths, num_new):
         for h in range(kv_heads):
             for r in range(num_queries):
                 n = int(lengths[b]) + r % num_new + 1
-                s = keys[:n, h] @ q[b, h, r]
+                seen = np.arange(n)
+                if tree is not None:
+                    new = np.flatnonzero(np.asarray(tree[b, r % num_new]))
+                    seen = np.concatenate([np.arange(int(lengths[b])), int(lengths[b]) + new])
+                s = keys[seen, h] @ q[b, h, r]
                 p = np.exp(s - s.max())
-                out[b, h, r] = p @ values[:n, h] / p.sum()
+                out[b, h, r] = p @ values[seen, h] / p.sum()
     return out
 
 
 @absltest.skipThisClass("base class: run through its subclasses")
 class CausalAttentionTestBase(parameterized.TestCase):
 
-    def partials(self, q, k, v, table, lengths, *, num_new):
+    def partials(self, q, k, v, table, lengths, *, num_new, tree=None):
         raise NotImplementedError
 
-    def attend(self, q, k, v, table, lengths, *, num_new):
+    def attend(self, q, k, v, table, lengths, *, num_new, tree=None):
         return causal_lib.merge_splits(*self.partials(q, k, v, table, lengths,
-                                                      num_new=num_new))
+                                                      num_new=num_new, tree=tree))
 
     @parameterized.named_parameters(
         # name, cached lengths, new tokens, KV heads, G, table width, dtype
@@ -92,6 +98,23 @@ class CausalAttentionTestBase(parameterized.TestCase):
         lengths = jnp.asarray(lengths, jnp.int32)
         got = self.attend(q, k, v, table, lengths, num_new=num_new)
         np.testing.assert_allclose(np.asarray(got), _oracle(q, k, v, table, lengths, num_new),
+                                   rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+    @parameterized.named_parameters(
+        # name, cached lengths, tree nodes, KV heads, G, table width, dtype
+        ("small_tree", [5, 127, 0], 6, 2, 3, 20, jnp.float32),
+        ("tree_of_33_across_blocks", [100, 250], 33, 1, 3, 24, jnp.float32),
+        ("bf16_tree", [1, 129], 9, 3, 3, 20, jnp.bfloat16),
+    )
+    def test_tree_matches_oracle(self, lengths, num_new, kv_heads, groups, width, dtype):
+        k, v, table = _pages([n + num_new for n in lengths], kv_heads=kv_heads,
+                             table_width=width, dtype=dtype)
+        q = _queries(len(lengths), kv_heads, groups * num_new)
+        tree = jnp.asarray(helpers.random_tree(len(lengths), num_new))
+        lengths = jnp.asarray(lengths, jnp.int32)
+        got = self.attend(q, k, v, table, lengths, num_new=num_new, tree=tree)
+        np.testing.assert_allclose(np.asarray(got),
+                                   _oracle(q, k, v, table, lengths, num_new, tree),
                                    rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
     @parameterized.product(dtype=[jnp.float32, jnp.bfloat16])
@@ -119,16 +142,16 @@ class CausalAttentionReferenceTest(CausalAttentionTestBase):
     """The XLA reference (the CPU path). It reads whole blocks and masks what lies past each
     query, so the invisible slots hold large finite garbage here (real stale slots are finite)."""
 
-    def partials(self, q, k, v, table, lengths, *, num_new):
+    def partials(self, q, k, v, table, lengths, *, num_new, tree=None):
         k, v = (jnp.where(jnp.isnan(x), 1e4, x) for x in (k, v))
         return causal_lib.causal_attention(q, k, v, table, lengths, layer=LAYER,
-                                           num_new=num_new)
+                                           num_new=num_new, tree=tree)
 
 
 class CausalAttentionInterpretTest(CausalAttentionTestBase):
-    def partials(self, q, k, v, table, lengths, *, num_new):
+    def partials(self, q, k, v, table, lengths, *, num_new, tree=None):
         return paged_attention.causal_attention(q, k, v, table, lengths, layer=LAYER,
-                                                num_new=num_new, interpret=True)
+                                                num_new=num_new, interpret=True, tree=tree)
 
 
 class CausalAttentionGpuTest(CausalAttentionTestBase):
@@ -137,9 +160,9 @@ class CausalAttentionGpuTest(CausalAttentionTestBase):
         if jax.default_backend() != "gpu":
             self.skipTest("compiled Pallas kernels need a GPU")
 
-    def partials(self, q, k, v, table, lengths, *, num_new):
+    def partials(self, q, k, v, table, lengths, *, num_new, tree=None):
         return paged_attention.causal_attention(q, k, v, table, lengths, layer=LAYER,
-                                                num_new=num_new)
+                                                num_new=num_new, tree=tree)
 
 
 class SplitsTest(parameterized.TestCase):
@@ -163,14 +186,17 @@ class SplitsTest(parameterized.TestCase):
 class LoweringTest(parameterized.TestCase):
     """The kernel lowers for CUDA on this CPU-only machine."""
 
-    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], new_tokens=[1, 17])
-    def test_lowers_for_cuda(self, dtype, new_tokens):
+    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], new_tokens=[1, 17],
+                           tree=[False, True])
+    def test_lowers_for_cuda(self, dtype, new_tokens, tree):
         pages = jax.ShapeDtypeStruct((30, 200, PAGE_SIZE, 3, 64), dtype)
         args = (jax.ShapeDtypeStruct((4, 3, 3 * new_tokens, 64), jnp.float32), pages, pages,
                 jax.ShapeDtypeStruct((4, 40), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
+        if tree:
+            args += (jax.ShapeDtypeStruct((4, new_tokens, new_tokens), jnp.bool_),)
         exported = export.export(
-            jax.jit(functools.partial(paged_attention.causal_attention, layer=7,
-                                      num_new=new_tokens)),
+            jax.jit(lambda *a: paged_attention.causal_attention(
+                *a[:5], layer=7, num_new=new_tokens, tree=a[5] if tree else None)),
             platforms=("cuda",),
             disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
         )(*args)

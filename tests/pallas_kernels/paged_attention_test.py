@@ -17,6 +17,7 @@ import numpy as np
 from jaxspec.device import attention
 from jaxspec.device import ops
 from jaxspec.pallas_kernels import paged_attention
+from tests import helpers
 
 PAGE_SIZE = 16
 HEAD_DIM = 64
@@ -194,9 +195,9 @@ def _new_tokens(rows, kv_heads, num_new, seed=1):
             jnp.asarray(rng.standard_normal(shape), jnp.float32))
 
 
-def _oracle_with_new(q, k_new, v_new, k_pages, v_pages, page_table, lengths):
+def _oracle_with_new(q, k_new, v_new, k_pages, v_pages, page_table, lengths, tree=None):
     """The partials in float64 over each row's cached keys (cut at its length) and the new keys
-    at or before each query's token (query r is token r % T)."""
+    at or before each query's token (query r is token r % T), or those `tree` marks."""
     q = np.asarray(q, np.float64)
     k = np.asarray(k_pages[LAYER].astype(jnp.float32), np.float64)
     v = np.asarray(v_pages[LAYER].astype(jnp.float32), np.float64)
@@ -211,8 +212,10 @@ def _oracle_with_new(q, k_new, v_new, k_pages, v_pages, page_table, lengths):
         for h in range(kv_heads):
             for r in range(query_rows):
                 t = r % num_new
-                keys = np.concatenate([cached_k[:, h], np.asarray(k_new[b, h, :t + 1])])
-                values = np.concatenate([cached_v[:, h], np.asarray(v_new[b, h, :t + 1])])
+                seen = (np.arange(t + 1) if tree is None
+                        else np.flatnonzero(np.asarray(tree[b, t])))
+                keys = np.concatenate([cached_k[:, h], np.asarray(k_new[b, h])[seen]])
+                values = np.concatenate([cached_v[:, h], np.asarray(v_new[b, h])[seen]])
                 scores = keys @ q[b, h, r]
                 m[b, h, r] = scores.max()
                 p = np.exp(scores - m[b, h, r])
@@ -231,6 +234,14 @@ _NEW_CASES = [
 ]
 
 
+_TREE_CASES = [
+    # name, lengths, KV heads, groups G, tree nodes T, table width, pages per block, dtype
+    ("tree_of_7", [70, 0, 5], 3, 3, 7, 5, 2, jnp.float32),
+    ("tree_of_33", [1, 47], 1, 3, 33, 3, 2, jnp.float32),
+    ("bf16_tree", [0, 17, 64], 3, 3, 9, 4, 2, jnp.bfloat16),
+]
+
+
 @absltest.skipThisClass("base class: run through its subclasses")
 class AttentionPartialsTestBase(parameterized.TestCase):
     """`attention_partials` (cached slots and new tokens, the fast path's attention) against the
@@ -238,25 +249,28 @@ class AttentionPartialsTestBase(parameterized.TestCase):
 
     INTERPRET = False
 
-    def partials(self, *args, pages_per_block, num_splits=None):
+    def partials(self, *args, pages_per_block, num_splits=None, tree=None):
         if num_splits is None:
             return paged_attention.attention_partials(*args, layer=LAYER,
                                                       pages_per_block=pages_per_block,
-                                                      interpret=self.INTERPRET)
+                                                      interpret=self.INTERPRET, tree=tree)
         q, k_new, v_new, *cache = args
         return jax.jit(functools.partial(
             paged_attention.cached_attention_call, layer=LAYER, pages_per_block=pages_per_block,
             num_splits=num_splits, interpret=self.INTERPRET))(q, *cache, k_new=k_new,
-                                                              v_new=v_new)
+                                                              v_new=v_new, tree=tree)
 
     def check(self, lengths, kv_heads, groups, num_new, table_width, pages_per_block, dtype,
-              num_splits=None):
+              num_splits=None, tree=False):
         cache = _inputs(lengths, kv_heads=kv_heads, query_rows=groups * num_new,
                         table_width=table_width, dtype=dtype)
         args = (cache[0], *_new_tokens(len(lengths), kv_heads, num_new), *cache[1:])
-        out = self.partials(*args, pages_per_block=pages_per_block, num_splits=num_splits)
+        mask = jnp.asarray(helpers.random_tree(len(lengths), num_new)) if tree else None
+        out = self.partials(*args, pages_per_block=pages_per_block, num_splits=num_splits,
+                            tree=mask)
         tol = TOLERANCE[dtype]
-        for name, got, want in zip(("acc", "m", "l"), out, _oracle_with_new(*args), strict=True):
+        for name, got, want in zip(("acc", "m", "l"), out, _oracle_with_new(*args, tree=mask),
+                                   strict=True):
             self.assertEqual(got.dtype, jnp.float32, name)
             np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol, err_msg=name)
 
@@ -266,17 +280,23 @@ class AttentionPartialsTestBase(parameterized.TestCase):
     def test_partials_equal_oracle(self, *case):
         self.check(*case)
 
+    @parameterized.named_parameters(
+        (f"{name}_splits_{splits}", *case, splits)
+        for name, *case in _TREE_CASES for splits in (None, 1, 3))
+    def test_tree_partials_equal_oracle(self, *case):
+        self.check(*case, tree=True)
+
 
 class AttentionPartialsReferenceTest(AttentionPartialsTestBase):
     """The XLA reference (`jaxspec.device.attention.attention_partials`, the CPU path); stale
     slots hold large finite garbage instead of NaN, as in `CachedAttentionReferenceTest`."""
 
-    def partials(self, *args, pages_per_block, num_splits=None):
+    def partials(self, *args, pages_per_block, num_splits=None, tree=None):
         del num_splits
         args = [jnp.where(jnp.isnan(a), 1e4, a) if jnp.issubdtype(a.dtype, jnp.floating) else a
                 for a in args]
         return jax.jit(functools.partial(attention.attention_partials, layer=LAYER,
-                                         pages_per_block=pages_per_block))(*args)
+                                         pages_per_block=pages_per_block))(*args, tree=tree)
 
 
 class AttentionPartialsInterpretTest(AttentionPartialsTestBase):
@@ -366,16 +386,19 @@ class LoweringTest(parameterized.TestCase):
         rows = (4, 3, 3 * new_tokens)
         self.assertEqual([o.shape for o in exported.out_avals], [(*rows, HEAD_DIM), rows, rows])
 
-    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], new_tokens=[1, 17])
-    def test_partials_with_new_tokens_lower_for_cuda(self, dtype, new_tokens):
+    @parameterized.product(dtype=[jnp.float32, jnp.bfloat16], new_tokens=[1, 17],
+                           tree=[False, True])
+    def test_partials_with_new_tokens_lower_for_cuda(self, dtype, new_tokens, tree):
         pages = jax.ShapeDtypeStruct((30, 200, PAGE_SIZE, 3, HEAD_DIM), dtype)
         new = jax.ShapeDtypeStruct((4, 3, new_tokens, HEAD_DIM), jnp.float32)
         args = (jax.ShapeDtypeStruct((4, 3, 3 * new_tokens, HEAD_DIM), jnp.float32), new, new,
                 pages, pages, jax.ShapeDtypeStruct((4, 32), jnp.int32),
                 jax.ShapeDtypeStruct((4,), jnp.int32))
+        if tree:
+            args += (jax.ShapeDtypeStruct((4, new_tokens, new_tokens), jnp.bool_),)
         exported = export.export(
-            jax.jit(functools.partial(paged_attention.attention_partials, layer=7,
-                                      pages_per_block=8)),
+            jax.jit(lambda *a: paged_attention.attention_partials(
+                *a[:7], layer=7, pages_per_block=8, tree=a[7] if tree else None)),
             platforms=("cuda",),
             disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
         )(*args)
