@@ -54,10 +54,12 @@ from benchmarks import workloads
 from jaxspec import engine as engine_lib
 from jaxspec.host import compiles
 
-METHODS = ("plain", "sa", "sa_frequent", "ngram", "auto", "oracle", "hf_greedy", "hf_pld")
+METHODS = ("plain", "sa", "sa_frequent", "sa_tree", "ngram", "auto", "oracle", "hf_greedy",
+           "hf_pld")
 HF_METHODS = ("hf_greedy", "hf_pld")
-ADAPTABLE = ("sa", "sa_frequent", "ngram")      # methods that --adaptive makes adaptive
+ADAPTABLE = ("sa", "sa_frequent", "sa_tree", "ngram")    # methods --adaptive makes adaptive
 LABELS = {"plain": "jaxspec plain", "sa": "jaxspec SA", "sa_frequent": "jaxspec SA frequent",
+          "sa_tree": "jaxspec SA tree",
           "ngram": "jaxspec NGram",
           "auto": "jaxspec AUTO", "oracle": "jaxspec oracle", "hf_greedy": "HF greedy",
           "hf_pld": "HF prompt lookup"}
@@ -103,6 +105,8 @@ class BenchConfig:
       methods: the methods to run, in `METHODS` order; plain is always added.
       adaptive: sa and ngram choose their draft length per iteration, up to max_draft_len.
       pld_draft_len: HF prompt lookup's K (None: max_draft_len).
+      tree_budget: sa_tree's nodes per step (None: 2 x max_draft_len); max_draft_len caps its
+        depth.
       temperature: 0 decodes greedily; above, every method samples, each token keyed by
         (SAMPLING_SEED, its position), so plain and speculative outputs stay comparable token
         by token (HF's sampling is not keyed so: no HF methods then).
@@ -119,6 +123,7 @@ class BenchConfig:
     methods: tuple[str, ...] = METHODS
     adaptive: bool = False
     pld_draft_len: int | None = None
+    tree_budget: int | None = None
     temperature: float = 0.0
     eager: bool = False
 
@@ -152,12 +157,16 @@ class BenchConfig:
         return f"bench_{self.workload}{suffix}"
 
 
-def spec_for(method: str, max_draft_len: int, adaptive: bool = False):
-    """The engine spec of a jaxspec method other than the oracle."""
-    name = {"plain": "none", "sa_frequent": "sa"}.get(method, method)
+def spec_for(method: str, max_draft_len: int, adaptive: bool = False,
+             tree_budget: int | None = None):
+    """The engine spec of a jaxspec method other than the oracle (`tree_budget`: sa_tree's,
+    None for 2 x max_draft_len)."""
+    name = {"plain": "none", "sa_frequent": "sa", "sa_tree": "sa"}.get(method, method)
     spec = engine_lib.spec_from_name(name, None if method == "auto" else max_draft_len)
-    if method == "sa_frequent":
+    if method in ("sa_frequent", "sa_tree"):
         spec = dataclasses.replace(spec, selection="frequent")
+    if method == "sa_tree":
+        spec = dataclasses.replace(spec, tree_budget=tree_budget or 2 * max_draft_len)
     if adaptive and method in ADAPTABLE:
         spec = dataclasses.replace(spec, adaptive=True)
     return spec
@@ -291,7 +300,7 @@ def compare(model, tokenizer, prompts: list[list[int]], cfg: BenchConfig, *, hf=
             truth = dict(zip(map(tuple, prompts), warmups["plain"].outputs, strict=True))
             spec = oracle.OracleDrafter(k, truth)
         else:
-            spec = spec_for(method, k, cfg.adaptive)
+            spec = spec_for(method, k, cfg.adaptive, cfg.tree_budget)
         return runs.run_jaxspec(model, tokenizer, prompts, spec=spec,
                                 max_new_tokens=cfg.max_new_tokens, scheduler=scheduler,
                                 **sampling)
@@ -410,6 +419,9 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
         k_note += f", sampled at temperature {cfg['temperature']:g}"
     if cfg.get("pld_draft_len") not in (None, cfg["max_draft_len"]):
         k_note += f", HF prompt lookup K={cfg['pld_draft_len']}"
+    if "sa_tree" in results["methods"]:
+        k_note += (f", SA tree: up to {cfg.get('tree_budget') or 2 * cfg['max_draft_len']} "
+                   f"nodes a step, K deep")
     lines = [
         f"## Workload `{results['workload']}`: batch {cfg['batch_size']}, "
         f"{results['num_prompts']} prompts, {cfg['max_new_tokens']} new tokens, "
@@ -510,6 +522,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="sa and ngram choose K per iteration, up to --max-draft-len")
     parser.add_argument("--pld-draft-len", type=int, default=None,
                         help="HF prompt lookup's K (default: --max-draft-len)")
+    parser.add_argument("--tree-budget", type=int, default=None,
+                        help="sa_tree's nodes per step (default: 2 x --max-draft-len)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature (keyed per position; 0: greedy)")
@@ -540,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
                       max_new_tokens=args.max_new_tokens, max_draft_len=args.max_draft_len,
                       repeats=args.repeats, methods=tuple(args.methods.split(",")),
                       adaptive=args.adaptive, pld_draft_len=args.pld_draft_len,
-                      temperature=args.temperature, eager=args.eager)
+                      tree_budget=args.tree_budget, temperature=args.temperature,
+                      eager=args.eager)
     out = sys.stderr if args.json else sys.stdout
     command = " ".join(["python -m benchmarks.harness", *map(report.checkout_relative, argv)])
     try:

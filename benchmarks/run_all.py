@@ -54,7 +54,7 @@ EXTRA_ARGS = {"code_editing": EDITING_ARGS, "agentic": EDITING_ARGS,
               "raw_text_sampled": ("--max-new-tokens", "128", "--temperature", "0.8")}
 EXTRA_TOKENS = {"code_editing": 192, "agentic": 192, "mtbench_turn1": 192, "raw_text": 128,
                 "raw_text_sampled": 128}
-JAXSPEC_METHODS = ("plain", "sa", "sa_frequent", "ngram", "auto", "oracle")
+JAXSPEC_METHODS = ("plain", "sa", "sa_frequent", "sa_tree", "ngram", "auto", "oracle")
 CONTEXTS = "128,512,1024,2048,4096,8000"
 # Cost model (seconds) of a quiet 2-core x86-64 machine, fitted on runs there (load average ~1):
 # code_editing n=2, 64 tokens, 3 repeats took 271 s (model: 282 s); the sweep at 1,2,4,8 with 24
@@ -120,7 +120,7 @@ def _prompt_tokens(workload: str, n: int, tokens: int) -> float:
 
 def harness_estimate(workload: str, n: int, tokens: int, repeats: int,
                      methods: tuple[str, ...] | None = None) -> float:
-    """Seconds for the harness on one workload with `methods` (None: all, 5 jaxspec + 2 HF)."""
+    """Seconds for the harness on one workload with `methods` (None: every jaxspec and HF one)."""
     try:
         prompt = _prompt_tokens(workload, n, tokens)
         turns = len(workloads.load(workload, 1)[0].turns)

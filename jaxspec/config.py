@@ -124,6 +124,11 @@ class SAConfig(_DrafterFields):
         share of occurrences agreeing, multiplied along the draft) is under this.
       max_spec_factor: "frequent" only: a draft is at most this many times its match length
         (None: only K limits it).
+      tree_budget: "frequent" only: 0 drafts one continuation; N >= max_draft_len drafts a
+        token tree of up to N nodes, the most probable continuations of every match length
+        best first, verified in one step of N draft slots (`jaxspec.device.tree`): N plays
+        K's part for widths, the schedule and capacity, and `max_draft_len` caps the tree's
+        depth, the tokens one step can accept.
     """
 
     max_matching_ngram_size: int = -1  # longest match: no length to tune
@@ -134,6 +139,7 @@ class SAConfig(_DrafterFields):
     selection: str = "first"  # TensorRT-LLM's
     min_token_prob: float = 0.1  # SuffixDecoding's default
     max_spec_factor: float | None = None  # 4 and 2 drafted 5-13% less per step (frequent.py)
+    tree_budget: int = 0  # one continuation, as TensorRT-LLM
 
     def __post_init__(self):
         super().__post_init__()
@@ -141,6 +147,14 @@ class SAConfig(_DrafterFields):
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         _set(self, "min_token_prob", check_float("min_token_prob", self.min_token_prob, 0.0, 1.0))
+        budget = check_int("tree_budget", self.tree_budget, minimum=0)
+        _set(self, "tree_budget", budget)
+        if budget and self.selection != "frequent":
+            raise ValueError(f"tree_budget={budget} drafts trees of frequent continuations: "
+                             f"it needs selection='frequent', got {self.selection!r}")
+        if budget and budget < self.max_draft_len:
+            raise ValueError(f"tree_budget ({budget}) must be 0 or at least max_draft_len "
+                             f"({self.max_draft_len}), the depth it caps")
         if self.max_spec_factor is not None:
             _set(self, "max_spec_factor", check_float("max_spec_factor", self.max_spec_factor,
                                                       0.0, open_minimum=True))

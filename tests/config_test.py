@@ -133,10 +133,33 @@ class DrafterConfigTest(parameterized.TestCase):
         dict(testcase_name="pool_zero", kw=dict(global_pool_size=0), match="global_pool_size.*0"),
         dict(testcase_name="global_pool_str", kw=dict(enable_global_pool="yes"),
              match="enable_global_pool.*yes"),
+        dict(testcase_name="selection_unknown", kw=dict(selection="best"),
+             match="selection.*'best'"),
+        dict(testcase_name="tree_budget_negative", kw=dict(tree_budget=-1),
+             match="tree_budget.*-1"),
+        dict(testcase_name="tree_of_first_occurrences", kw=dict(tree_budget=8),
+             match="tree_budget=8.*selection='frequent'.*'first'"),
+        dict(testcase_name="tree_shallower_than_the_depth",
+             kw=dict(tree_budget=3, selection="frequent"),
+             match=r"tree_budget \(3\).*max_draft_len \(4\)"),
     )
     def test_invalid_sa_config(self, kw, match):
         with self.assertRaisesRegex(ValueError, match):
             config.SAConfig(max_draft_len=4, **kw)
+
+    def test_tree_budget_sets_the_width_and_max_draft_len_the_depth(self):
+        from jaxspec.host import frequent
+        from jaxspec.host import policy
+
+        cfg = config.SAConfig(max_draft_len=4, selection="frequent", tree_budget=16,
+                              draft_len_schedule={1: 4, 8: 2})
+        resolved = policy.resolve(cfg, max_batch_size=8)
+        self.assertTrue(resolved.tree)
+        self.assertEqual(resolved.max_draft_len, 16)
+        self.assertEqual(resolved.draft_len_schedule, ((1, 16), (8, 2)))
+        self.assertFalse(policy.resolve(config.SAConfig(max_draft_len=4, selection="frequent"),
+                                        max_batch_size=8).tree)
+        self.assertIsInstance(resolved.drafter, frequent.FrequentDrafter)
 
     def test_valid_sa_ngram_sizes(self):
         self.assertEqual(config.SAConfig(max_draft_len=4).max_matching_ngram_size, -1)

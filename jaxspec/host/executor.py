@@ -121,6 +121,7 @@ class _Plan:
     draft_seconds: float       # host planning: drafting, the K decision and the gates
     decide_seconds: float      # the K decision and the gates alone
     bare: bool = False         # a plain step that leaves the automata alone (all rows rest)
+    parents: np.ndarray | None = None   # i32[rows, k] token trees' parents (`device.tree`)
 
 
 @dataclasses.dataclass
@@ -337,8 +338,13 @@ class Executor:
                 sa_draft_len=p.max_draft_len if automaton else 0,
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
-                implementation=self.implementation, mesh=self.mesh, chained=chained))
+                implementation=self.implementation, mesh=self.mesh, chained=chained,
+                tree=self._tree(k, bare)))
         return self._configs[key]
+
+    def _tree(self, k: int, bare: bool) -> bool:
+        """Whether the step of width `k` verifies token trees (a plain one never does)."""
+        return self.policy.tree and k > 0 and not bare
 
     # ------------------------------------------------------------------ requests
 
@@ -488,7 +494,7 @@ class Executor:
             rows = self.planner.rows(program, rows, self.batch_buckets)
         if self._rests is not None:
             self._tick_rests(reqs)
-        drafts, lens, matches, slots = self._drafts(reqs, rows, k)
+        drafts, lens, matches, slots, parents = self._drafts(reqs, rows, k)
         decide_start = time.perf_counter()
         if self.planner is not None and k and lens.any():
             k, lens = self.planner.choose(
@@ -508,7 +514,7 @@ class Executor:
         bare = False
         if not lens.any():
             k = self.planner.plain_width(program, rows) if self.planner is not None else 0
-            drafts = np.zeros((rows, k), np.int32)
+            drafts = parents = np.zeros((rows, k), np.int32)
             if k == 0 and self._rests is not None and all(map(self._resting, reqs)):
                 # Resting automata are not extended: nor need the step touch them (5% of a
                 # SmolLM2 plain step on a CPU), once that program is compiled.
@@ -521,19 +527,26 @@ class Executor:
         return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
                      matches=matches, slots=slots, start=start,
                      draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds,
-                     bare=bare)
+                     bare=bare, parents=parents[:, :k] if self._tree(k, bare) else None)
 
     def _drafts(self, reqs, rows: int, k: int):
         """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
-        i32[rows], automaton slots i32[rows]). Host drafters draft now; the automata drafted
-        inside the previous step (or the priming), whose outputs gave their lengths."""
+        i32[rows], automaton slots i32[rows], token trees' parents i32[rows, k]). Host drafters
+        draft now; the automata drafted inside the previous step (or the priming), whose
+        outputs gave their lengths. A tree's nodes come parents first, so the first n of them
+        (a width cut to n) are a tree too."""
         drafts = np.zeros((rows, k), np.int32)
         lens = np.zeros((rows,), np.int32)
         matches = np.zeros((rows,), np.int32)
+        parents = np.zeros((rows, k), np.int32)
         n = len(reqs)
         if k and self.policy.drafter is not None:
             self.policy.drafter.update_draft_len(k)
-            tokens, found = self.policy.drafter.prepare_drafts(reqs)
+            if self.policy.tree:
+                tokens, up, found = self.policy.drafter.prepare_trees(reqs)
+                parents[:n] = drafter_lib.pad_drafts(up, k)[0]
+            else:
+                tokens, found = self.policy.drafter.prepare_drafts(reqs)
             drafts[:n], lens[:n] = drafter_lib.pad_drafts(tokens, k)
             if found is not None:
                 matches[:n] = found
@@ -549,7 +562,7 @@ class Executor:
             # match reaches the enhancer's threshold (their admitted length is non-zero).
             lens[:n] = np.where(automaton > 0, automaton, lens[:n])
             matches[:n] = np.where(automaton > 0, [r.next_match_len for r in reqs], matches[:n])
-        return drafts, lens, matches, slots
+        return drafts, lens, matches, slots, parents
 
     def _resting(self, request: requests_lib.Request) -> bool:
         rest = None if self._rests is None else self._rests.get(request.request_id)
@@ -659,7 +672,7 @@ class Executor:
             last_tokens=np.asarray(last + [0] * pad, np.int32),
             drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
             sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots,
-            previous=previous)
+            previous=previous, parents=plan.parents)
 
     def _compile(self, cfg: step_lib.StepConfig, rows: int):
         """The step of `cfg` on `rows` rows, compiled ahead of time from the shapes alone (safe
@@ -670,7 +683,8 @@ class Executor:
         zeros = np.zeros((rows,), np.int32)
         plan = _Plan(requests=[], rows=rows, k=cfg.k, drafts=np.zeros((rows, cfg.k), np.int32),
                      draft_lens=zeros, matches=zeros, slots=zeros, start=0.0, draft_seconds=0.0,
-                     decide_seconds=0.0)
+                     decide_seconds=0.0,
+                     parents=np.zeros((rows, cfg.k), np.int32) if cfg.tree else None)
         previous = (np.zeros((rows, 1 + cfg.k), np.int32), zeros) if cfg.chained else None
         if self.slots is not None:
             plan.slots = np.full((rows,), self.slots.dummy_slot, np.int32)

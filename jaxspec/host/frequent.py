@@ -154,8 +154,8 @@ def frequent_draft(text: np.ndarray, end: int, draft_len: int, *, min_match_len:
 
 
 def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int = 1,
-                  max_match_len: int = MAX_MATCH_LEN, min_token_prob: float = 0.1
-                  ) -> tuple[list[int], list[int], int]:
+                  max_match_len: int = MAX_MATCH_LEN, min_token_prob: float = 0.1,
+                  max_depth: int | None = None) -> tuple[list[int], list[int], int]:
     """A draft tree of at most `budget` nodes, the most probable continuations first
     (SuffixDecoding's tree mode).
 
@@ -164,7 +164,8 @@ def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int
     continuation starts with the path (`best_path`'s running probability along it). The tree
     holds the `budget` highest-scoring paths of score at least `min_token_prob` (ties: the
     longer match, then the path found first); every prefix of a path scores at least what the
-    path does, so the set is closed under prefixes. Paths end where their text ends.
+    path does, so the set is closed under prefixes. Paths end where their text ends, and at
+    `max_depth` tokens (None: the budget).
 
     Args:
       text, end: as in `occurrence_sets`.
@@ -174,7 +175,8 @@ def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int
       end; a parent comes before its children), and the longest suffix length behind a node
       (0 without one).
     """
-    if budget <= 0:
+    depth_cap = budget if max_depth is None else max_depth
+    if budget <= 0 or depth_cap <= 0:
         return [], [], 0
     heap, seq = [], 0
 
@@ -191,7 +193,7 @@ def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int
 
     for m, ends in occurrence_sets(text, end, min_match_len, max_match_len):
         push(m, len(ends), -1, ends)
-    tokens, parents, index, match = [], [], {}, 0
+    tokens, parents, depths, index, match = [], [], [], {}, 0
     while heap and len(tokens) < budget:
         neg_prob, neg_m, _, parent, token, alive, total = heapq.heappop(heap)
         if -neg_prob < min_token_prob:
@@ -201,8 +203,10 @@ def frequent_tree(text: np.ndarray, end: int, budget: int, *, min_match_len: int
             node = index[(parent, token)] = len(tokens)
             tokens.append(token)
             parents.append(parent)
+            depths.append(1 + (depths[parent] if parent >= 0 else 0))
             match = max(match, -neg_m)
-        push(-neg_m, total, node, alive)
+        if depths[node] < depth_cap:
+            push(-neg_m, total, node, alive)
     return tokens, parents, match
 
 
@@ -213,17 +217,25 @@ class FrequentDrafter(Drafter):
       config: its config; `max_matching_ngram_size` M >= 1 scores suffixes of at most M tokens
         (-1: `MAX_MATCH_LEN`); `min_match_len` the shortest; with `enable_global_pool`, the other
         live requests and up to `global_pool_size` (default: 8) finished ones are searched too.
+        With `tree_budget` N > 0 the drafter's width (`max_draft_len`, `draft_len`) counts tree
+        nodes, up to N: a schedule's full K stands for N, and `max_draft_len` of the config
+        caps the depth.
     """
 
     def __init__(self, config: SAConfig):
         if config.selection != "frequent":
             raise ValueError(f"FrequentDrafter drafts selection='frequent', got "
                              f"{config.selection!r}")
-        super().__init__(config.max_draft_len, draft_len_schedule=config.draft_len_schedule,
+        width = config.tree_budget or config.max_draft_len
+        schedule = config.draft_len_schedule
+        if config.tree_budget and schedule is not None:
+            schedule = tuple((b, width if k == config.max_draft_len else k) for b, k in schedule)
+        super().__init__(width, draft_len_schedule=schedule,
                          acceptance_rate_window_size=config.acceptance_rate_window_size,
                          acceptance_rate_threshold=config.acceptance_rate_threshold,
                          gate=config.gate)
         self.config = config
+        self.tree = config.tree_budget > 0
         m = config.max_matching_ngram_size
         self.max_match_len = MAX_MATCH_LEN if m == -1 else m
         self._texts: dict[Hashable, np.ndarray] = {}
@@ -241,29 +253,50 @@ class FrequentDrafter(Drafter):
         self._texts[request.request_id] = text
         return text
 
+    def _searched(self, requests: Sequence[DraftRequest]):
+        """Per request `(joined texts, the room its drafts have)`."""
+        texts = [self._text(r) for r in requests]
+        for i, request in enumerate(requests):
+            # The request's own text goes last, so that "most recent" in a tie means its own.
+            others = ([t for j, t in enumerate(texts) if j != i] + list(self._finished)
+                      if self.config.enable_global_pool else [])
+            parts = [x for t in others for x in (t, [SEPARATOR])] + [texts[i], [SEPARATOR]]
+            yield np.concatenate(parts), request.max_sequence_length - 1 - len(texts[i])
+
     def prepare_draft_tokens(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
         return self.prepare_drafts(requests)[0]
 
     def prepare_drafts(self, requests: Sequence[DraftRequest]
                        ) -> tuple[list[list[int]], list[int]]:
-        """Drafts of at most the runtime K, and the match length behind each."""
-        texts = [self._text(r) for r in requests]
+        """Drafts of at most the runtime K (and the depth cap), and the match length behind
+        each."""
         cfg = self.config
         drafts, matches = [], []
-        for i, request in enumerate(requests):
-            # The request's own text goes last, so that "most recent" in a tie means its own.
-            others = ([t for j, t in enumerate(texts) if j != i] + list(self._finished)
-                      if cfg.enable_global_pool else [])
-            parts = [x for t in others for x in (t, [SEPARATOR])] + [texts[i], [SEPARATOR]]
-            joined = np.concatenate(parts)
-            room = request.max_sequence_length - 1 - len(texts[i])
+        for joined, room in self._searched(requests):
             draft, match = frequent_draft(
-                joined, len(joined) - 1, max(0, min(self.draft_len, room)),
+                joined, len(joined) - 1, max(0, min(self.draft_len, cfg.max_draft_len, room)),
                 min_match_len=cfg.min_match_len, max_match_len=self.max_match_len,
                 min_token_prob=cfg.min_token_prob, max_spec_factor=cfg.max_spec_factor)
             drafts.append(draft)
             matches.append(match)
         return drafts, matches
+
+    def prepare_trees(self, requests: Sequence[DraftRequest]
+                      ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """Token trees of at most the runtime width in nodes (`frequent_tree`), as step inputs:
+        (tokens, the input each node continues: 0 the request's last token, j the j-th node;
+        the match length behind each tree)."""
+        cfg = self.config
+        trees, parents, matches = [], [], []
+        for joined, room in self._searched(requests):
+            tokens, up, match = frequent_tree(
+                joined, len(joined) - 1, self.draft_len, min_match_len=cfg.min_match_len,
+                max_match_len=self.max_match_len, min_token_prob=cfg.min_token_prob,
+                max_depth=max(0, min(cfg.max_draft_len, room)))
+            trees.append(tokens)
+            parents.append([p + 1 for p in up])
+            matches.append(match)
+        return trees, parents, matches
 
     def release(self, request_id: Hashable) -> None:
         """Forgets the request; with the global pool its text stays searchable a while."""

@@ -49,6 +49,8 @@ class SpecPolicy:
       min_match_len: automaton drafts behind a shorter match are not verified ("sa").
       enhancer_threshold: host drafts are replaced by the automaton's where its match is at least
         this long ("host" with an `SAEnhancerConfig`), else None.
+      tree: the host drafter drafts token trees (`SAConfig(tree_budget=N)`; its
+        `prepare_trees`), verified by tree steps; K counts their nodes.
     """
 
     source: DraftSource = "none"
@@ -65,6 +67,7 @@ class SpecPolicy:
     max_ngram_size: int = -1
     min_match_len: int = 1
     enhancer_threshold: int | None = None
+    tree: bool = False
 
     @property
     def uses_automaton(self) -> bool:
@@ -132,7 +135,7 @@ def resolve(spec: SpecLike, *, max_batch_size: int,
     if isinstance(spec, config_lib.SAConfig) and spec.selection == "frequent":
         from jaxspec.host import frequent
 
-        extra["adaptive"] = spec.adaptive
+        extra.update(adaptive=spec.adaptive, tree=spec.tree_budget > 0)
         spec = frequent.FrequentDrafter(spec)
     if isinstance(spec, drafter_lib.Drafter):
         if enhancer is not None:

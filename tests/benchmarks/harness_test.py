@@ -27,7 +27,7 @@ def method_of(spec) -> str:
     if isinstance(spec, oracle.OracleDrafter):
         return "oracle"
     if isinstance(spec, config_lib.SAConfig) and spec.selection == "frequent":
-        return "sa_frequent"
+        return "sa_tree" if spec.tree_budget else "sa_frequent"
     return {config_lib.SAConfig: "sa", config_lib.NGramConfig: "ngram",
             config_lib.AutoConfig: "auto"}[type(spec)]
 
@@ -121,6 +121,9 @@ def test_spec_for_each_method():
     assert harness.spec_for("sa_frequent", 16, adaptive=True) == config_lib.SAConfig(
         max_draft_len=16, adaptive=True, selection="frequent")
     assert harness.spec_for("auto", None, adaptive=True) == config_lib.AutoConfig()
+    assert harness.spec_for("sa_tree", 16) == config_lib.SAConfig(
+        max_draft_len=16, selection="frequent", tree_budget=32)
+    assert harness.spec_for("sa_tree", 8, tree_budget=12).tree_budget == 12
 
 
 def test_prompt_lookup_draft_length_apart(scripted):
@@ -138,8 +141,8 @@ def test_protocol_and_arithmetic(scripted):
     cfg = harness.BenchConfig(methods=harness.METHODS, repeats=3, max_draft_len=3)
     results = harness.compare(None, None, PROMPTS, cfg, hf=FakeHF(), progress=False)
     # One warm-up per jaxspec method plus the rounds; HF warms up outside the scripted passes.
-    assert script.calls == {"plain": 4, "sa": 4, "sa_frequent": 4, "ngram": 4, "auto": 4,
-                            "oracle": 4, "hf_greedy": 3, "hf_pld": 3}
+    assert script.calls == {"plain": 4, "sa": 4, "sa_frequent": 4, "sa_tree": 4, "ngram": 4,
+                            "auto": 4, "oracle": 4, "hf_greedy": 3, "hf_pld": 3}
     assert set(script.lookups) == {None, 3}
     m = results["methods"]
     assert list(m) == list(harness.METHODS)
@@ -228,7 +231,8 @@ def test_without_hf_the_hf_methods_are_left_out(scripted):
     scripted()
     results = harness.compare(None, None, PROMPTS, harness.BenchConfig(repeats=1), hf=None,
                               progress=False)
-    assert list(results["methods"]) == ["plain", "sa", "sa_frequent", "ngram", "auto", "oracle"]
+    assert list(results["methods"]) == ["plain", "sa", "sa_frequent", "sa_tree", "ngram", "auto",
+                                        "oracle"]
 
 
 def test_sampled_runs_key_every_method_and_leave_hf_out(scripted):

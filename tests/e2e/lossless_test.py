@@ -6,9 +6,10 @@ and reuse freed pages and automaton slots) with mixed prompt and output lengths,
 run after it started and some cancelled before the end (the executor is driven directly), prompts
 drawn from 2-4 token ids so the text repeats and drafts really get accepted, sometimes a stop
 token, and a random valid draft-length schedule. Every drafter path runs: the suffix automaton
-(longest match, fixed n-gram size, global pool), frequency-scored suffix drafts, the n-gram
-pool, a user `Drafter` subclass, and the same user drafter enhanced by device automata. The
-reference is the plain engine at batch size 1: greedy output depends only on the prompt.
+(longest match, fixed n-gram size, global pool), frequency-scored suffix drafts and token trees,
+the n-gram pool, a user `Drafter` subclass, and the same user drafter enhanced by device
+automata. The reference is the plain engine at batch size 1: greedy output depends only on the
+prompt.
 
 Shapes are shared by all examples (one SchedulerConfig, one max_draft_len, every schedule key a
 power-of-two batch bucket), so compilations are reused across examples and drafter paths.
@@ -85,6 +86,10 @@ SPECS = {
         max_draft_len=MAX_DRAFT_LEN, enable_global_pool=True, draft_len_schedule=s)),
     "sa_frequent": lambda s, _: dict(spec=js.SAConfig(
         max_draft_len=MAX_DRAFT_LEN, selection="frequent", draft_len_schedule=s)),
+    # Trees of up to 2K nodes, at most K deep.
+    "sa_frequent_tree": lambda s, _: dict(spec=js.SAConfig(
+        max_draft_len=MAX_DRAFT_LEN, selection="frequent", min_match_len=1,
+        tree_budget=2 * MAX_DRAFT_LEN, draft_len_schedule=s)),
     "ngram": lambda s, _: dict(spec=js.NGramConfig(
         max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2, draft_len_schedule=s)),
     "user_drafter": lambda s, _: dict(spec=RepeatLastDrafter(max_draft_len=MAX_DRAFT_LEN,
@@ -101,6 +106,11 @@ SPECS = {
         spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s, adaptive=True,
                          selection="frequent", min_match_len=1, enable_global_pool=True,
                          **GATE),
+        cost_model=random_costs(seed)),
+    "sa_frequent_tree_adaptive": lambda s, seed: dict(
+        spec=js.SAConfig(max_draft_len=MAX_DRAFT_LEN, draft_len_schedule=s, adaptive=True,
+                         selection="frequent", min_match_len=1, enable_global_pool=True,
+                         tree_budget=2 * MAX_DRAFT_LEN, **GATE),
         cost_model=random_costs(seed)),
     "ngram_adaptive": lambda s, seed: dict(
         spec=js.NGramConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,

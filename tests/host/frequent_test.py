@@ -69,14 +69,15 @@ def oracle(texts, draft_len, *, min_match_len=1, max_match_len=frequent.MAX_MATC
 
 
 def tree_oracle(texts, budget, *, min_match_len=1, max_match_len=frequent.MAX_MATCH_LEN,
-                min_token_prob=0.1):
+                min_token_prob=0.1, max_depth=None):
     """{path: (score, the longest suffix length giving that score)} of every path of at most
-    `budget` tokens after the last text scoring at least `min_token_prob` (the definition in
-    `frequent.frequent_tree`'s docstring, by counting)."""
+    `budget` (and `max_depth`) tokens after the last text scoring at least `min_token_prob`
+    (the definition in `frequent.frequent_tree`'s docstring, by counting)."""
     best = {}
+    longest = budget if max_depth is None else min(budget, max_depth)
     for m, occurrences in scored(texts, min_match_len, max_match_len):
         counts = collections.Counter(tuple(texts[i][e:e + d]) for i, e in occurrences
-                                     for d in range(1, budget + 1) if e + d <= len(texts[i]))
+                                     for d in range(1, longest + 1) if e + d <= len(texts[i]))
         for path, n in counts.items():
             score = n / len(occurrences)
             if score >= min_token_prob and score >= best.get(path, (0.0, 0))[0]:
@@ -176,16 +177,17 @@ class FrequentTreeTest(absltest.TestCase):
 
     # Fewer sets than MAX_SETS, across two texts: all of them are scored.
     @hypothesis.example(texts=[[0, 2, 0, 2, 0], [2, 0, 2, 0, 2, 0]], budget=3, min_match_len=1,
-                        max_match_len=5, min_token_prob=0.0)
+                        max_match_len=5, min_token_prob=0.0, max_depth=None)
     @hypothesis.settings(max_examples=300, deadline=None)
     @hypothesis.given(
         texts=TEXTS,
         budget=st.integers(1, 12), min_match_len=st.integers(1, 3),
-        max_match_len=MAX_MATCH_LENS, min_token_prob=MIN_TOKEN_PROBS)
+        max_match_len=MAX_MATCH_LENS, min_token_prob=MIN_TOKEN_PROBS,
+        max_depth=st.sampled_from([None, 1, 2, 4]))
     def test_holds_the_highest_scoring_paths_of_the_brute_force_oracle(
-            self, texts, budget, min_match_len, max_match_len, min_token_prob):
+            self, texts, budget, min_match_len, max_match_len, min_token_prob, max_depth):
         kw = dict(min_match_len=min_match_len, max_match_len=max_match_len,
-                  min_token_prob=min_token_prob)
+                  min_token_prob=min_token_prob, max_depth=max_depth)
         tokens, parents, match = frequent.frequent_tree(
             joined(texts), sum(map(len, texts)) + len(texts) - 1, budget, **kw)
         expected = tree_oracle(texts, budget, **kw)
@@ -215,6 +217,26 @@ class FrequentDrafterTest(absltest.TestCase):
         self.assertEqual(drafter.prepare_drafts([req])[0], [[1]])
         drafter.update_draft_len(0)
         self.assertEqual(drafter.prepare_drafts([req]), ([[]], [0]))
+
+    def test_trees_count_nodes_as_width_and_cap_depth_by_k_and_room(self):
+        drafter = frequent.FrequentDrafter(SAConfig(max_draft_len=2, selection="frequent",
+                                                    min_match_len=1, tree_budget=4))
+        self.assertEqual(drafter.max_draft_len, 4)
+        text = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2]
+        req = Req(0, list(text))
+        tokens, parents, matches = drafter.prepare_trees([req])
+        # Both continuations of [1, 2], two tokens deep (max_draft_len); parents are step
+        # inputs: 0 the last token, j the j-th node.
+        paths = tree_paths(tokens[0], [p - 1 for p in parents[0]])
+        self.assertEqual(sorted(paths), [(3,), (3, 4), (5,), (5, 6)])
+        self.assertEqual(matches, [2])
+        drafter.update_draft_len(2)
+        self.assertEqual(len(drafter.prepare_trees([req])[0][0]), 2)
+        drafter.update_draft_len(4)
+        req.max_sequence_length = len(text) + 2           # room for one token and the bonus
+        tokens, parents, _ = drafter.prepare_trees([req])
+        self.assertEqual(sorted(tokens[0]), [3, 5])
+        self.assertEqual(parents, [[0, 0]])
 
     def test_global_pool_searches_live_and_finished_requests(self):
         drafter = frequent.FrequentDrafter(self.config(enable_global_pool=True,
