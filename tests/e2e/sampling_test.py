@@ -2,7 +2,8 @@
 
 (a) Every sampled token is keyed by the request's seed and its position (jaxspec.device.sampling),
     so a request samples the same tokens whether a position is reached by plain decoding or inside
-    a verify window: sampled outputs with speculation equal plain sampled outputs, token for token.
+    a verify window (or a token tree's node, at its depth): sampled outputs with speculation equal
+    plain sampled outputs, token for token.
 (b) And those tokens follow the model's distribution: a chi-square test of the first two generated
     tokens of many seeds, with drafts verified at the second position, against the exact joint
     distribution computed from full forwards.
@@ -30,6 +31,10 @@ MAX_NEW = 24
 SPECS = {
     "sa": js.SAConfig(max_draft_len=4),
     "ngram": js.NGramConfig(max_draft_len=4, max_matching_ngram_size=2),
+    # A tree's node samples with the key of the position its depth gives: the accepted path
+    # draws what plain decoding draws there.
+    "sa_tree": js.SAConfig(max_draft_len=4, selection="frequent", min_match_len=1,
+                           tree_budget=8),
 }
 
 
