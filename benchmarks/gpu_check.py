@@ -253,6 +253,10 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "–" if value is None else f"{value:{spec}}"
 
 
+def _ratio(numerator, denominator) -> str:
+    return "–" if numerator is None or not denominator else f"{numerator / denominator:.2f}x"
+
+
 def _step_tables(section: dict) -> list[str]:
     rows = section.get("rows", [])
     ks = sorted({r["k"] for r in rows})
@@ -366,14 +370,22 @@ def markdown(results: dict) -> str:
             lines += ["", f"{pathlib.Path(section['model']).name}, {section['workload']}: a "
                       "fresh engine per pass over the prompts, in a process warmed by one untimed "
                       "pass of each method (its compiles are not in the figures; "
-                      "`benchmarks.harness`).", "",
+                      "`benchmarks.harness`)." + (
+                          f" K={section['k']}; SA tree: up to {section['tree_budget']} nodes a "
+                          "step, K deep." if "k" in section else ""), "",
                       "| batch | prompts | new tokens | plain tok/s | SA tok/s | speedup "
-                      "| mean acceptance length | plain / SA step (ms) | mismatches |",
-                      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "| mean acceptance length | plain / SA step (ms) | SA tree tok/s "
+                      "| tree / SA | tree acceptance length | tree step (ms) | mismatches |",
+                      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                      "| ---: | ---: | ---: |"]
             lines += [f"| {b['batch']} | {b['prompts']} | {b['max_new_tokens']} "
                       f"| {b['plain_tokens_per_s']:.1f} | {b['sa_tokens_per_s']:.1f} "
                       f"| {b['speedup']:.2f}x | {_fmt(b['mean_acceptance_length'])} "
                       f"| {_fmt(b['plain_step_ms'], '.1f')} / {_fmt(b['sa_step_ms'], '.1f')} "
+                      f"| {_fmt(b.get('tree_tokens_per_s'), '.1f')} "
+                      f"| {_ratio(b.get('tree_tokens_per_s'), b['sa_tokens_per_s'])} "
+                      f"| {_fmt(b.get('tree_mean_acceptance_length'))} "
+                      f"| {_fmt(b.get('tree_step_ms'), '.1f')} "
                       f"| {len(b['mismatches'])} |" for b in section["batches"]]
         if name == "divergence" and section.get("reports"):
             from benchmarks import teacher_forced

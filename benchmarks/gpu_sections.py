@@ -28,6 +28,11 @@ from jaxspec.models import precision
 from jaxspec.models import tiny
 
 ENGINE_RESERVE_S = 150.0        # kept from the step section for the engine when --gguf is given
+# The engine section's K and tree budget: on the H200 a verify step of K=4 cost what a plain step
+# costs (issue 31's table), so both speculating methods draft far; issue 34's goal compares a
+# tree of 32 nodes with linear SA at the same depth.
+ENGINE_K = 16
+ENGINE_TREE_BUDGET = 32
 FIRST_STEP_KEY_S = 20.0         # assumed time of a step key (compile + timing) before one ran
 HF_PLD_K = 10                   # HF prompt lookup's K: what a GPU user of transformers would pick
 NO_GGUF = ("no --gguf: the model sections need the GGUF (94 MiB; `benchmarks.gpu_ship` sends it "
@@ -193,8 +198,9 @@ def _gguf_workload(path: str, count: int, max_new_tokens: int):
 
 
 def engine(run, section: dict):
-    """Plain vs SA on code editing with the GGUF model; on CPU the tiny model on synthetic
-    prompts; skipped on a GPU without a GGUF."""
+    """Plain vs SA vs SA token trees on code editing with the GGUF model (K = ENGINE_K, trees of
+    ENGINE_TREE_BUDGET nodes K deep); on CPU the tiny model on synthetic prompts; skipped on a
+    GPU without a GGUF."""
     sizes = run.sizes
     if run.gguf:
         model, tokenizer, prompts = _gguf_workload(run.gguf, sizes.engine_prompts,
@@ -207,24 +213,29 @@ def engine(run, section: dict):
     else:
         section.update(status="skipped", reason=NO_GGUF)
         return
-    section["batches"] = []
+    section.update(k=ENGINE_K, tree_budget=ENGINE_TREE_BUDGET, batches=[])
     for batch in sizes.engine_batches:
         if run.left() <= 0:
             section.setdefault("skipped", []).append(f"batch {batch}")
             continue
         cfg = harness.BenchConfig(workload="code_editing", n=len(prompts), batch_size=batch,
                                   max_new_tokens=sizes.max_new_tokens,
-                                  repeats=sizes.engine_repeats, methods=("plain", "sa"))
+                                  repeats=sizes.engine_repeats, max_draft_len=ENGINE_K,
+                                  tree_budget=ENGINE_TREE_BUDGET,
+                                  methods=("plain", "sa", "sa_tree"))
         results = harness.compare(model, tokenizer, prompts, cfg, progress=False)
-        plain, sa = results["methods"]["plain"], results["methods"]["sa"]
+        plain, sa, tree = (results["methods"][m] for m in ("plain", "sa", "sa_tree"))
         section["batches"].append(dict(
             batch=batch, prompts=len(prompts), max_new_tokens=sizes.max_new_tokens,
             plain_tokens_per_s=plain["tokens_per_s"], sa_tokens_per_s=sa["tokens_per_s"],
             speedup=sa["speedup"], mean_acceptance_length=sa.get("mean_acceptance_length"),
             plain_step_ms=plain.get("mean_step_time_ms"), sa_step_ms=sa.get("mean_step_time_ms"),
-            mismatches=results["mismatches"]))
+            tree_tokens_per_s=tree["tokens_per_s"], tree_speedup=tree["speedup"],
+            tree_mean_acceptance_length=tree.get("mean_acceptance_length"),
+            tree_step_ms=tree.get("mean_step_time_ms"), mismatches=results["mismatches"]))
         run.log(f"  batch {batch}: plain {plain['tokens_per_s']:.1f} tok/s, SA "
-                f"{sa['tokens_per_s']:.1f} tok/s ({sa['speedup']:.2f}x)")
+                f"{sa['tokens_per_s']:.1f} tok/s ({sa['speedup']:.2f}x), SA tree "
+                f"{tree['tokens_per_s']:.1f} tok/s ({tree['speedup']:.2f}x)")
         run.save()
 
 
