@@ -52,3 +52,12 @@ def test_research_step_example_runs_on_the_tiny_model(capsys):
     generated = module["main"](["--tiny", "--steps", "6"])
     assert 6 <= len(generated) <= 6 * 6
     assert "mean acceptance length" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_readme_token_tree_example_runs(fresh_ledger):
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = next(b for b in blocks if "tree_budget" in b)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["engine"].executor.stats.drafted > 0

@@ -172,6 +172,73 @@ def test_tree_step_verifies_every_path_and_moves_the_accepted_one(tiny_lm, uncac
                                        rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{b=} {j=}")
 
 
+WIDTH = 32             # uncached forwards pad every sequence to this: one compilation
+
+
+def _uncached_logits(model, forward, sequence):
+    """The logits after `sequence` from one forward over an empty cache (padded: later
+    positions cannot change earlier ones)."""
+    padded = np.zeros((1, WIDTH), np.int32)
+    padded[0, :len(sequence)] = sequence
+    return forward(model, padded)[0, len(sequence) - 1]
+
+
+@pytest.mark.parametrize("numerics", ["fast", "exact"])
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
+@hypothesis.given(data=st.data())
+def test_random_trees_against_uncached_forwards(tiny_lm, uncached_greedy, forward, numerics,
+                                                data):
+    """Random trees of 7 nodes after prompts of 3-12 tokens (pages of 4: the trees and their
+    moves cross page boundaries at every offset), one random path holding the true greedy
+    continuation: every node's logits are its path's, the accepted tokens are the truth, and
+    the next step's logits show the path's keys and values where plain decoding puts them."""
+    k = 7
+    prompt = data.draw(st.lists(st.integers(0, tiny_lm.vocab_size - 1), min_size=3,
+                                max_size=12))
+    parents = [data.draw(st.integers(0, j)) for j in range(k)]
+    chosen = data.draw(st.integers(1, k))
+    truth = uncached_greedy(tiny_lm, prompt, 12)
+    chain = _path(parents, chosen)
+    drafts = [data.draw(st.integers(0, tiny_lm.vocab_size - 1)) for _ in range(k)]
+    for depth, node in enumerate(chain[1:], start=1):
+        drafts[node - 1] = truth[depth]
+
+    spec = tiny_lm.cache_spec
+    kv = kv_cache.init_pages(num_layers=spec.num_layers, num_pages=2 * COLS + 1, page_size=PAGE,
+                             num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    graphdef, params = nnx.split(tiny_lm)
+    tokens = np.zeros((2, 16), np.int32)
+    tokens[0, :len(prompt)] = prompt
+    state, first, _ = step_lib.prefill(
+        params, step_lib.init_state(kv), tokens, _view([0, 0], [len(prompt), 0], numerics),
+        _greedy(2), cfg=step_lib.StepConfig(graphdef=graphdef, k=0))
+    cfg = step_lib.StepConfig(graphdef=graphdef, k=k, draft_source="host", tree=True,
+                              logits=True)
+    state, out = step_lib.step(params, state, step_lib.StepInputs(
+        last_tokens=np.asarray([first[0], 0], np.int32),
+        drafts=np.asarray([drafts, [0] * k], np.int32), draft_lens=np.asarray([k, 0], np.int32),
+        view=_view([len(prompt), 0], [k + 1, 0], numerics), sampling=_greedy(2),
+        slots=np.zeros(2, np.int32), parents=np.asarray([parents, list(range(k))], np.int32)),
+        cfg=cfg)
+    n = int(out.num_new_tokens[0])
+    assert n >= len(chain)
+    np.testing.assert_array_equal(out.new_tokens[0, :n], truth[1:n + 1])
+    for node in range(k + 1):
+        sequence = prompt + truth[:1] + [drafts[j - 1] for j in _path(parents, node)[1:]]
+        np.testing.assert_allclose(out.logits[0, node],
+                                   _uncached_logits(tiny_lm, forward, sequence),
+                                   rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{node=}")
+    cached = len(prompt) + n
+    state, out = step_lib.step(params, state, step_lib.StepInputs(
+        last_tokens=np.asarray([truth[n], 0], np.int32), drafts=np.zeros((2, 0), np.int32),
+        draft_lens=np.zeros(2, np.int32), view=_view([cached, 0], [1, 0], numerics),
+        sampling=_greedy(2), slots=np.zeros(2, np.int32)),
+        cfg=step_lib.StepConfig(graphdef=graphdef, k=0, logits=True))
+    np.testing.assert_allclose(out.logits[0, 0],
+                               _uncached_logits(tiny_lm, forward, prompt + truth[:n + 1]),
+                               rtol=TOLERANCE, atol=TOLERANCE)
+
+
 def test_a_tree_needs_host_drafts(tiny_lm):
     with pytest.raises(ValueError, match="token trees are host drafts"):
         step_lib.StepConfig(graphdef=nnx.graphdef(tiny_lm), k=2, draft_source="sa",
