@@ -35,7 +35,8 @@ and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%.
 `frequent_tree` drafts a tree instead: the most probable continuations of every suffix length,
 best first, up to a node budget (SuffixDecoding's tree mode). Teacher-forced over the same replies
 a tree of N nodes commits at least what a single draft of N does (`benchmarks.draft_quality`,
-BENCHMARKS.md); the engine does not verify trees yet.
+BENCHMARKS.md); `FrequentDrafter.prepare_trees` hands them to the engine's tree steps
+(`SAConfig(tree_budget=N)`, `jaxspec.device.tree`).
 
 This runs on the host, beside the device automaton rather than in it: scoring needs the count of
 every continuation of a state, which the automaton's transition layout cannot enumerate, and

@@ -16,12 +16,16 @@ import jax
 import jaxspec as js
 from jaxspec.device import sharding
 from jaxspec.device import step as step_lib
+from jaxspec.host import compiles
 from jaxspec.host import requests as requests_lib
 from tests.helpers import random_prompts
 
 ENTRY_POINTS = ("prefill", "step", "prime_drafts")
 SPECS = {"none": None, "sa": js.SAConfig(max_draft_len=3, min_match_len=1),
-         "ngram": js.NGramConfig(max_draft_len=3, max_matching_ngram_size=2)}
+         "ngram": js.NGramConfig(max_draft_len=3, max_matching_ngram_size=2),
+         # Token trees: their mask travels through attention's shard_map by rows.
+         "sa_tree": js.SAConfig(max_draft_len=3, min_match_len=1, selection="frequent",
+                                tree_budget=6)}
 
 
 def _run(model, spec, prompts, lengths, *, mesh=None, max_batch_size=8, max_seq_len=128):
@@ -50,6 +54,8 @@ def cases(model, meshes, prompts, lengths, specs=tuple(SPECS), **kwargs) -> list
         spec = SPECS[name]
         for step_lib_fn in (step_lib.step, step_lib.prefill, step_lib.prime_drafts):
             step_lib_fn.clear_cache()
+        # Nor programs an earlier spec compiled ahead of time (its plain step may be this one's).
+        compiles.LEDGER.forget_programs()
         want, traces, single = _run(model, spec, prompts, lengths, **kwargs)
         base = _bytes(single)
         for shape in meshes:

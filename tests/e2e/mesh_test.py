@@ -46,7 +46,7 @@ def _check(case):
 @pytest.mark.slow
 def test_tiny_model_meshes():
     out = _cases("tiny")
-    assert len(out["cases"]) == 3 * 3
+    assert len(out["cases"]) == 4 * 3            # specs x meshes
     for case in out["cases"]:
         _check(case)
 
