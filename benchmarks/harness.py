@@ -135,6 +135,8 @@ class BenchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.tree_budget is None:
+            object.__setattr__(self, "tree_budget", 2 * self.max_draft_len)
         if self.pld_draft_len is not None and (isinstance(self.pld_draft_len, bool) or not
                                                isinstance(self.pld_draft_len, int) or
                                                self.pld_draft_len < 1):
@@ -420,8 +422,7 @@ def markdown(results: dict, *, plot: pathlib.Path | None = None) -> str:
     if cfg.get("pld_draft_len") not in (None, cfg["max_draft_len"]):
         k_note += f", HF prompt lookup K={cfg['pld_draft_len']}"
     if "sa_tree" in results["methods"]:
-        k_note += (f", SA tree: up to {cfg.get('tree_budget') or 2 * cfg['max_draft_len']} "
-                   f"nodes a step, K deep")
+        k_note += f", SA tree: up to {cfg['tree_budget']} nodes a step, K deep"
     lines = [
         f"## Workload `{results['workload']}`: batch {cfg['batch_size']}, "
         f"{results['num_prompts']} prompts, {cfg['max_new_tokens']} new tokens, "

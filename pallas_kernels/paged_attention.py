@@ -238,11 +238,11 @@ def cached_attention_call(q, k_pages, v_pages, page_table, lengths, *, layer: in
     new = ()
     num_new = 0 if k_new is None else k_new.shape[2]
     if num_new:
-        pad = ((0, 0), (0, 0), (0, max(MIN_DOT_DIM, pl.next_power_of_2(num_new)) - num_new),
-               (0, 0))
+        padded_new = max(MIN_DOT_DIM, pl.next_power_of_2(num_new))
+        pad = ((0, 0), (0, 0), (0, padded_new - num_new), (0, 0))
         new = (jnp.pad(k_new, pad), jnp.pad(v_new, pad))
         if tree is not None:
-            new += (_query_rows_tree(tree, query_rows, padded_rows, pad[2][1] + num_new),)
+            new += (_query_rows_tree(tree, query_rows, padded_rows, padded_new),)
     partial_shape = (rows, kv_heads, num_splits, padded_rows)
     num_warps, num_stages = LAUNCH[jnp.dtype(k_pages.dtype).name]
     num_warps = num_warps if padded_rows <= SMALL_Q else max(num_warps, 8)

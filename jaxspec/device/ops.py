@@ -115,14 +115,14 @@ def attention_partials(q, k_new, v_new, k_pages, v_pages, page_table, lengths, *
     if mesh is None:
         return run(q, k_new, v_new, k_pages, v_pages, page_table, lengths, tree=tree)
     heads, rows = P(sharding.DATA, sharding.MODEL), P(sharding.DATA)
-    # The tree travels as an operand, sharded by rows like the tables (None: no operand).
-    return jax.shard_map(
-        lambda *args: run(*args[:7], tree=args[7] if len(args) > 7 else None), mesh=mesh,
-        check_vma=False,
-        in_specs=(heads, heads, heads, sharding.KV_SPEC, sharding.KV_SPEC, rows, rows)
-        + ((rows,) if tree is not None else ()),
-        out_specs=(heads, heads, heads))(q, k_new, v_new, k_pages, v_pages, page_table, lengths,
-                                         *(() if tree is None else (tree,)))
+    args = (q, k_new, v_new, k_pages, v_pages, page_table, lengths)
+    specs = (heads, heads, heads, sharding.KV_SPEC, sharding.KV_SPEC, rows, rows)
+    if tree is None:
+        return jax.shard_map(run, mesh=mesh, check_vma=False, in_specs=specs,
+                             out_specs=(heads, heads, heads))(*args)
+    # The tree travels as one more operand, sharded by rows like the tables.
+    return jax.shard_map(lambda *a: run(*a[:-1], tree=a[-1]), mesh=mesh, check_vma=False,
+                         in_specs=(*specs, rows), out_specs=(heads, heads, heads))(*args, tree)
 
 
 def paged_attention(q, k_new, v_new, kv: kv_cache.KVPages, layer: int,

@@ -26,6 +26,12 @@ import jax
 import jax.numpy as jnp
 
 
+def _in_range(parents: jax.Array) -> jax.Array:
+    """`parents` (i32[B, K]) with any parent outside `0 .. j-1` of node j read as the root."""
+    node = jnp.arange(1, parents.shape[1] + 1, dtype=jnp.int32)[None, :]
+    return jnp.where((parents >= 0) & (parents < node), parents, 0)
+
+
 def ancestors(parents: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each input's ancestors and depth.
 
@@ -39,8 +45,7 @@ def ancestors(parents: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     b, k = parents.shape
     t = k + 1
-    node = jnp.arange(1, t, dtype=jnp.int32)[None, :]
-    parents = jnp.where((parents >= 0) & (parents < node), parents, 0)
+    parents = _in_range(parents)
     # step[i, j]: j is i itself or its parent; its K-th boolean power is the closure, reached by
     # squaring (float32: the counts stay exact integers).
     full = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), parents], axis=1)         # [B, T]
@@ -73,8 +78,7 @@ def accept(drafts: jax.Array, parents: jax.Array, draft_lens: jax.Array, target:
     b, k = drafts.shape
     t = k + 1
     real = jnp.arange(k, dtype=jnp.int32)[None, :] < draft_lens[:, None]
-    node = jnp.arange(1, t, dtype=jnp.int32)[None, :]
-    parents = jnp.where((parents >= 0) & (parents < node), parents, 0)
+    parents = _in_range(parents)
     matches = real & (drafts == jnp.take_along_axis(target, parents, axis=1))
     matches = jnp.concatenate([jnp.ones((b, 1), bool), matches], axis=1)           # [B, T]
     accepted = ~jnp.any(mask & ~matches[:, None, :], axis=2)                       # [B, T]
