@@ -13,7 +13,10 @@ rules, each for a failure seen when AUTO ran as users run it (a fresh engine per
   1-2 tokens a step where 98% of them were accepted.
 - Ready: a width (or rows bucket) that is not compiled is asked for and compiled in the
   background; until then the best ready one runs. Only an iteration with nothing ready at all
-  compiles in place.
+  compiles in place. A width is asked for only when it is expected to beat the best ready one
+  by `COMPILE_GAIN`: on a CPU a compile shares the cores with the steps, and one behind a gain
+  of a few percent (K=1 over plain where drafts are rarely right) cost AUTO more than it won,
+  2.5-5 s of steps at half speed.
 - Plain: the plain step is timed (`MIN_SAMPLES` steps) where its estimate could change the
   decision: the chosen width's expected advantage over it is under `PLAIN_MARGIN`. Timing it
   first, always, ran 60 plain steps of a request whose drafts were accepted 8 at a time (the
@@ -33,6 +36,9 @@ from jaxspec.host import cost_model as cost_model_lib
 START_STEPS = 2           # a request's verify steps at the start width
 GROWTH = 2                # the floor after a step whose full-width drafts were accepted
 NEARLY_ALL = 0.9          # accepted / drafted, over full-width rows, that counts as accepted
+COMPILE_GAIN = 0.1        # a width is compiled when it beats the best ready one by this
+                          # much, expected tokens per second: a compile takes seconds of the
+                          # cores the steps run on
 PLAIN_MARGIN = 2.0        # a width's expected advantage over the plain step's estimate that
                           # makes timing the plain step pointless
 
@@ -120,15 +126,18 @@ class WidthPlanner:
             if grown:
                 return grown, np.minimum(lens, grown).astype(np.int32)
         choice = adaptive.choose(widths, seconds, curves, lens)
+        runnable = [i for i, w in enumerate(widths) if w == 0 or w in ready]
         if choice.k and choice.k not in ready:
             if not ready:
                 self._ask(program, 0, rows)       # the choice compiles now, the plain step beside
                 return choice.k, choice.lens
-            self._ask(program, choice.k, rows)
+            best = adaptive.choose([widths[i] for i in runnable], seconds[runnable], curves, lens)
+            if (choice.expected_tokens / choice.seconds
+                    >= (1 + COMPILE_GAIN) * best.expected_tokens / best.seconds):
+                self._ask(program, choice.k, rows)
         # The step runs the best ready width (plain decoding, 0, is always one: `plain_width`
         # runs it) on an optimistic acceptance estimate: a width that is never verified is
         # never learned.
-        runnable = [i for i, w in enumerate(widths) if w == 0 or w in ready]
         curves = [self.predictor.expected_accepted(int(m), int(d), explore=True)
                   for m, d in drafted]
         held = adaptive.choose([widths[i] for i in runnable], seconds[runnable], curves, lens)

@@ -97,6 +97,21 @@ def test_a_preferred_width_not_compiled_compiles_in_the_background_meanwhile_a_r
     assert choose(p, [16])[0] == 16
 
 
+def test_a_width_is_compiled_only_for_a_gain_worth_a_compile():
+    # Drafts rarely right behind 1-token matches: K=1 beats plain by under COMPILE_GAIN.
+    p = planner(ready=(0,), costs=timed(slope=0.05))
+    for _ in range(200):
+        p.predictor.observe(1, 1, 0)
+    for _ in range(12):
+        p.predictor.observe(1, 1, 1)
+    gain = (1 + 12 / 212) / 1.05
+    assert 1 < gain < 1 + widths_lib.COMPILE_GAIN
+    assert choose(p, [1], [1])[0] == 0 and not p.compiles.pending((1, 1))
+    # Drafts behind long matches, believed right: worth compiling a wide width.
+    assert choose(p, [16], [32])[0] == 0
+    assert [w for w in p.widths if p.compiles.pending((w, 1))] == [12]
+
+
 def test_with_nothing_compiled_the_choice_compiles_in_the_iteration():
     p = planner(costs=timed())
     k, lens = choose(p, [16])
