@@ -30,14 +30,15 @@ nothing piles up however the executor is driven.
 The overlap scheduler (TensorRT-LLM's): reading a step's outputs makes the host wait for the
 device, and planning the next step after that leaves the device idle (3.5 ms of device time per
 SmolLM2 step on an H200 became 6.7 ms that way). So while the batch does not change and its drafts
-come from the device (plain decoding; the automata at a fixed K), the host dispatches the next
-step before it reads the one in flight, whose outputs give the next one its last tokens and
-lengths on the device (`_chain`), and commits the one in flight while the device runs the next:
-the host works one step behind. A request that a stop token ends has its row of the next step
-discarded; its pages and automaton slot are reused only after that step was read (a change of
-batch drains the step in flight first), and the device runs the steps in order anyway: every call
-takes the state the one before returned. Everything else runs synchronously, each step read in
-the iteration that dispatched it.
+come from the device (plain decoding; the automata at a fixed K; adaptive K's plain steps while
+the planner would not verify what the automata find, or while every automaton rests), the host
+dispatches the next step before it reads the one in flight, whose outputs give the next one its
+last tokens and lengths on the device (`_chain`), and commits the one in flight while the device
+runs the next: the host works one step behind. A request that a stop token ends has its row of
+the next step discarded; its pages and automaton slot are reused only after that step was read (a
+change of batch drains the step in flight first), and the device runs the steps in order anyway:
+every call takes the state the one before returned. Everything else runs synchronously, each step
+read in the iteration that dispatched it.
 """
 
 from collections.abc import Sequence
@@ -271,8 +272,9 @@ class Executor:
         # Host drafters, adaptive K and the gates decide each step from the last one's outputs.
         p = self.policy
         self._overlappable = p.source in ("none", "sa") and not p.adaptive and self.gate is None
-        # ...except a batch whose automata all rest: its steps are plain ones (`_rests_hold`).
-        self._rest_chains = self._rests is not None and self.gate is None
+        # ...except adaptive K's plain steps, while they stay plain: every automaton rests
+        # (`_rests_hold`), or the drafts they find would not be verified (`_plain_holds`).
+        self._adaptive_chains = self._rests is not None and self.gate is None
         self._inflight: _InFlight | None = None
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
@@ -426,7 +428,17 @@ class Executor:
             events = self._chain()
             decode_k = self._inflight.plan.k
         else:
-            events = self._drain()
+            if self._inflight is not None:
+                # A chain ends: the step in flight is read first, its own iteration in the
+                # stats (the device ran it while the host waited here).
+                k_read = self._inflight.plan.k
+                events = self._drain()
+                now = time.perf_counter()
+                self.stats.record_iteration(now - start, self.stats.generated_tokens - generated,
+                                            False, k_read)
+                start, generated = now, self.stats.generated_tokens
+            else:
+                events = []
             # 1. Draft length for the placeholders, from the active requests.
             k = self._draft_len(self.scheduler.num_active)
             # 2. Batch gate: schedule -> acceptance gate -> capacity.
@@ -721,10 +733,10 @@ class Executor:
         feeds the gate. Returns the events and when the outputs arrived."""
         out = sharding.to_host(step.out)
         arrived = time.perf_counter()
-        seconds = arrived - step.dispatched
-        if self.costs is not None and not (step.compiled or step.key[0].chained):
-            # Adaptive K's steps are read right after their dispatch (but for chained bare
-            # ones), so the time is the step's own, as the cost model expects.
+        # A step read right after its dispatch took the time since; a chained one, the time
+        # since the step before it arrived (`_chain`): what it adds to a run of steps.
+        seconds = arrived - (step.plan.start if step.key[0].chained else step.dispatched)
+        if self.costs is not None and not step.compiled:
             reqs = step.plan.requests
             self.costs.observe(step.plan.rows, step.plan.k,
                                max(r.num_cached for r in reqs) + 1, seconds)
@@ -747,7 +759,8 @@ class Executor:
         and a next step past it could also write KV beyond the pages reserved for the request."""
         step = self._inflight
         if not (self.overlap and step is not None
-                and (self._overlappable or step.plan.bare and self._rest_chains)):
+                and (self._overlappable or self._adaptive_chains
+                     and (step.plan.bare or step.plan.k == 0))):
             return False
         reqs, k, s = step.plan.requests, step.plan.k, self.scheduler
         if len(s.running) != len(reqs) or any(r.finished for r in reqs):
@@ -759,7 +772,7 @@ class Executor:
         if self.policy.source == "none":
             return True
         if not self._overlappable:
-            return self._rests_hold(step.plan)
+            return (self._rests_hold if step.plan.bare else self._plain_holds)(step.plan)
         # The automata chain at the K their batch last had, above 0: while no row drafts, a step
         # is planned from the last one's outputs, which say whether it found drafts. The drafts
         # of the step in flight stand in for those it is making (the device caps the lengths).
@@ -769,6 +782,37 @@ class Executor:
         return (k > 0 and any(r.next_draft_len for r in reqs)
                 and n * (1 + min(placeholder, cap)) <= self.config.max_num_tokens
                 and self._bucket_k(step.plan.rows, n, 0, cap) == k)
+
+    def _allowed_k(self, plan: _Plan) -> int:
+        """The widest step the plan's batch may run now, with no prompt chunk beside it."""
+        n = len(plan.requests)
+        return self._bucket_k(plan.rows, n, 0, self._batch_gate(self._draft_len(n)))
+
+    def _plain_holds(self, plan: _Plan) -> bool:
+        """Whether adaptive K may chain a plain step of awake automata with another: asked as
+        for a new step (it may ask for compiles), the planner would not verify the drafts the
+        last read step left; no request is in its start steps, resting or due to rest; and the
+        chained program is compiled (asked for in the background otherwise). A draft that pays
+        found by the step in flight is verified one step later: the automaton keeps the match."""
+        reqs = plan.requests
+        rests = [self._rests.get(r.request_id) for r in reqs]
+        if (any(r.steps < widths_lib.START_STEPS for r in reqs)
+                or any(x is not None and (x.resting or x.due) for x in rests)):
+            return False
+        pad = [0] * (plan.rows - len(reqs))
+        lens = np.asarray([r.next_draft_len for r in reqs] + pad, np.int32)
+        allowed = self._allowed_k(plan)
+        if allowed and lens.any():
+            k, _ = self.planner.choose(
+                lambda width, bucket: self._program(width, reqs, bucket), plan.rows, allowed,
+                lens, np.asarray([r.next_match_len for r in reqs] + pad, np.int32),
+                context=max(r.num_cached for r in reqs) + 1, starting=False,
+                left=max(r.params.max_new_tokens - len(r.output) for r in reqs))
+            if k:
+                return False
+        key, build = self._program(0, reqs, plan.rows, chained=True)
+        self.compiles.request(key, build)
+        return self.compiles.ready(key)
 
     def _rests_hold(self, plan: _Plan) -> bool:
         """Whether adaptive K may chain a bare step (every request resting) with another: its
@@ -788,6 +832,9 @@ class Executor:
         plan = step.plan
         if self._rests is not None:
             self._tick_rests(plan.requests)         # none ends (`_rests_hold`)
+            if not plan.bare and self._allowed_k(plan):
+                for r in plan.requests:             # none starts a rest (`_plain_holds`)
+                    self._rests.setdefault(r.request_id, rest_lib.Rest()).planned(drafted=False)
         for r in plan.requests:
             # Pages for what the step in flight and the next one may write.
             r.pages.ensure(r.num_cached + 2 * (1 + plan.k))

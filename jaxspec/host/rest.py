@@ -50,6 +50,11 @@ class Rest:
         return self._left > 0
 
     @property
+    def due(self) -> bool:
+        """Whether one more planned step without a draft starts a rest."""
+        return not self.resting and self._idle + 1 >= self._limit
+
+    @property
     def left(self) -> int:
         """Steps of the rest still to come (0: awake)."""
         return self._left

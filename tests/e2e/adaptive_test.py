@@ -153,6 +153,7 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
 
     def spy(plan, previous=None):
         dispatched.append((plan.bare, previous is not None))
+        assert not (plan.k and previous is not None), "a verify step chained"
         return dispatch(plan, previous)
 
     monkeypatch.setattr(executor, "_dispatch", spy)
@@ -162,7 +163,6 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
     assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
     assert (True, False) in dispatched, "no step ran without the automata"
     assert (True, True) in dispatched, "no bare step chained"
-    assert (False, True) not in dispatched, "a step with automata chained"
     assert not all(bare for bare, _ in dispatched)
     # A stop token read one step behind, in a rest: the step dispatched after it is discarded.
     prompt = random_prompts(0, [14], alphabet_size=3)[0]
@@ -175,3 +175,70 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
         out = engine.generate(prompt, params=params)
     assert out.token_ids == free[:cut + 1] and out.finish_reason == "stop"
     assert dispatched[-1] == (True, True)
+
+
+class _Priced(cost_model_lib.StepCostModel):
+    """Every width timed already: a plain step 1 s, a verify position `verify_cost` s more.
+    What the steps measure is kept in `seen` (rows, k, context, seconds), not learned."""
+
+    def __init__(self, verify_cost: float):
+        super().__init__()
+        for k in range(0, 17):
+            for _ in range(cost_model_lib.MIN_SAMPLES):
+                super().observe(1, k, 1, 1.0 + verify_cost * k)
+        self.seen = []
+
+    def observe(self, *args):
+        self.seen.append(args)
+
+
+def test_plain_steps_of_awake_automata_chain(tiny_lm, uncached_greedy, monkeypatch):
+    """Drafts that never pay and automata not resting yet: the plain steps chain with the
+    automata extended inside them, the host one step behind, and the output is unchanged,
+    also where a stop token ends the request inside a chain. With verify steps cheap, the
+    chain ends where the last read step left a draft: verify steps follow chained plain ones."""
+    monkeypatch.setattr(rest_lib, "REST_AFTER", 10**6)
+    dispatched, costs = [], []
+
+    def run(verify_cost, prompt, params):
+        costs.append(_Priced(verify_cost))
+        engine = engine_lib.Engine(tiny_lm, spec="auto", scheduler=CONFIG, cost_model=costs[-1])
+        executor = engine.executor
+        executor.compiles = compiles.CompileLedger()
+        dispatch = executor._dispatch
+
+        def spy(plan, previous=None):
+            dispatched.append((plan.k, plan.bare, previous is not None))
+            assert not (plan.k and previous is not None), "a verify step chained"
+            return dispatch(plan, previous)
+
+        monkeypatch.setattr(executor, "_dispatch", spy)
+        with executor.compiles.eager():
+            return engine.generate(prompt, params=params)
+
+    prompt = random_prompts(5, [14], alphabet_size=2)[0]
+    out = run(100.0, prompt, js.SamplingParams(max_new_tokens=48))
+    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
+    assert (0, False, True) in dispatched, "no plain step chained with its automata"
+    assert out.stats["drafted"] <= 2 * 5, "drafts verified past the start steps"
+    # Chained steps are timed too (from the arrival of the step before): all but the first
+    # call of their program.
+    plain = [seconds for _, k, _, seconds in costs[-1].seen if k == 0]
+    assert len(plain) >= dispatched.count((0, False, True)) - 1 and min(plain) > 0
+    # A stop token read one step behind: the chained step dispatched after it is discarded.
+    prompt = random_prompts(0, [14], alphabet_size=3)[0]
+    free = uncached_greedy(tiny_lm, prompt, 48)
+    cut = 46                                          # its token's first occurrence
+    assert free[cut] not in free[:cut]
+    dispatched.clear()
+    out = run(100.0, prompt, js.SamplingParams(max_new_tokens=48, stop_token_ids=(free[cut],)))
+    assert out.token_ids == free[:cut + 1] and out.finish_reason == "stop"
+    assert dispatched[-1] == (0, False, True)
+    # Cheap verify steps: the drafts the automata find are verified, between chained plain steps.
+    dispatched.clear()
+    prompt = random_prompts(7, [14], alphabet_size=2)[0]
+    out = run(0.001, prompt, js.SamplingParams(max_new_tokens=48))
+    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
+    widths = [k for k, _, _ in dispatched]
+    assert out.stats["accepted"] > 0 and any(widths[2:]), "no verify step after the start"
+    assert (0, False, True) in dispatched, "no plain step chained"

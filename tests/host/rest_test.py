@@ -42,7 +42,9 @@ def test_rests_follow_the_rules(drafted):
     rest = rest_lib.Rest()
     history = []                      # ("draft" | "idle", rested now) and ("rest", ticks)
     for d in drafted:
+        due = rest.due
         started = rest.planned(drafted=d)
+        assert started == (due and not d), "`due` foretells the rest an idle step starts"
         history.append(("draft" if d else "idle", started))
         if started:
             ticks = 1
