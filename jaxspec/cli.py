@@ -112,7 +112,6 @@ def _profile(args) -> int:
     from jaxspec import models
     from jaxspec.host import adaptive
     from jaxspec.host import cost_model
-    from jaxspec.host import executor
     from jaxspec.host import profile
 
     widths = (_ints(args.widths, "widths") if args.widths
@@ -121,7 +120,7 @@ def _profile(args) -> int:
     contexts = _ints(args.contexts, "contexts")
     compiles.enable_persistent_cache(args.compile_cache)
     model, _ = models.load(args.model)
-    path = cost_model.default_path(executor.model_key(model))
+    path = cost_model.default_path(cost_model.model_key(model))
     costs = cost_model.StepCostModel(path)
     if not args.show:
         profile.profile(model, costs, batch_sizes=batch_sizes, widths=widths, contexts=contexts,

@@ -14,11 +14,12 @@ and reported as such. `wait()` blocks until the background compiles are done.
 
 One ledger serves the whole process (`LEDGER`), as jit's caches do: an executor built after
 another finds the programs its predecessor compiled. A key names the program and the shapes it
-was compiled for (`Executor._program`). Call `forget_programs()` with `jax.clear_caches()`.
+was compiled for (`programs.StepPrograms.program`). Call `forget_programs()` with
+`jax.clear_caches()`.
 
 On a CPU, XLA finishes a program's machine code on its first call (0.33 s for a SmolLM2 step
 of 0.08 s, after 5.3 s of compiling): the executor makes that first call in the background too,
-on a scratch state (`Executor._compile`), where the state is small enough to copy.
+on a scratch state (`programs.py`), where the state is small enough to copy.
 
 A compile leaves its traced program in JAX's caches: ~300k Python objects (jaxpr equations,
 variables, source info) that live as long as the process. Every full garbage collection walks

@@ -34,6 +34,7 @@ as it learns; `jaxspec profile` fills it for every bucket and prints it.
 
 import collections
 import json
+import math
 import os
 import pathlib
 import platform
@@ -54,6 +55,21 @@ def context_bucket(tokens: int) -> int:
     while bucket < tokens:
         bucket *= 2
     return bucket
+
+
+def model_key(model, kv_dtype=None) -> str:
+    """Names what a step costs for its step-cost file: the architecture, size and dtypes of the
+    weights and KV pages (not the weights' values). `kv_dtype` None: the model's dtype."""
+    from flax import nnx
+    import jax
+    import jax.numpy as jnp
+
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    spec = model.cache_spec
+    dtype = jnp.dtype(spec.dtype).name
+    kv = jnp.dtype(spec.dtype if kv_dtype is None else kv_dtype).name
+    return (f"{type(model).__name__}-L{spec.num_layers}-kv{spec.num_kv_heads}x{spec.head_dim}"
+            f"-V{model.vocab_size}-P{params}-{dtype}" + ("" if kv == dtype else f"-kv_{kv}"))
 
 
 def default_path(model_key: str) -> pathlib.Path:

@@ -45,7 +45,6 @@ from collections.abc import Sequence
 import dataclasses
 import functools
 import itertools
-import math
 import time
 
 from flax import nnx
@@ -56,7 +55,6 @@ import numpy as np
 from jaxspec import config as config_lib
 from jaxspec import schedule as schedule_lib
 from jaxspec.device import kv_cache
-from jaxspec.device import sampling
 from jaxspec.device import sharding
 from jaxspec.device import step as step_lib
 from jaxspec.host import capacity
@@ -64,7 +62,9 @@ from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
+from jaxspec.host import plans
 from jaxspec.host import policy as policy_lib
+from jaxspec.host import programs as programs_lib
 from jaxspec.host import requests as requests_lib
 from jaxspec.host import rest as rest_lib
 from jaxspec.host import sa_slots
@@ -72,15 +72,7 @@ from jaxspec.host import scheduler as scheduler_lib
 from jaxspec.host import stats as stats_lib
 from jaxspec.host import widths as widths_lib
 
-ENTRY_POINTS = ("prefill", "prime_drafts")     # jitted in the iteration; steps: compiles.py
-_SIGNATURES: dict = {}                          # a step's argument shapes -> a small id
-# A CPU program compiled in the background is run once there on a scratch state this large at
-# most (it finishes its code at its first call: compiles.py).
-WARM_RUN_MAX_BYTES = 2**30
-
-
-def _abstract(x) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+ENTRY_POINTS = ("prefill", "prime_drafts")     # jitted in the iteration; steps: programs.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,46 +97,6 @@ class TokenEvent:
     @property
     def finish_reason(self) -> str | None:
         return self.result.finish_reason if self.result is not None else None
-
-
-@dataclasses.dataclass
-class _Plan:
-    """One decode batch, as decided in step 5."""
-
-    requests: list[requests_lib.Request]
-    rows: int                  # the compile bucket: rows past len(requests) are padding
-    k: int
-    drafts: np.ndarray         # i32[rows, k] host drafts (zeros for automaton drafts)
-    draft_lens: np.ndarray     # i32[rows] real draft lengths to verify
-    matches: np.ndarray        # i32[rows] match length behind each draft (0: unknown)
-    slots: np.ndarray          # i32[rows] automaton slots (dummy slot for padding)
-    start: float               # when planning began (step time counts from here)
-    draft_seconds: float       # host planning: drafting, the K decision and the gates
-    decide_seconds: float      # the K decision and the gates alone
-    bare: bool = False         # a plain step that leaves the automata alone (all rows rest)
-    parents: np.ndarray | None = None   # i32[rows, k] token trees' parents (`device.tree`)
-
-
-@dataclasses.dataclass
-class _InFlight:
-    """A dispatched decode step whose outputs the host has not read yet."""
-
-    plan: _Plan
-    out: step_lib.StepOutputs  # device arrays
-    key: tuple                 # the compile ledger's key of its program
-    dispatched: float          # when its dispatch began
-    compiled: bool             # the dispatch traced (compiled) the step
-
-
-def model_key(model, kv_dtype=None) -> str:
-    """Names what a step costs for its step-cost file: the architecture, size and dtypes of the
-    weights and KV pages (not the weights' values). `kv_dtype` None: the model's dtype."""
-    params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    spec = model.cache_spec
-    dtype = jnp.dtype(spec.dtype).name
-    kv = jnp.dtype(spec.dtype if kv_dtype is None else kv_dtype).name
-    return (f"{type(model).__name__}-L{spec.num_layers}-kv{spec.num_kv_heads}x{spec.head_dim}"
-            f"-V{model.vocab_size}-P{params}-{dtype}" + ("" if kv == dtype else f"-kv_{kv}"))
 
 
 class Executor:
@@ -186,7 +138,6 @@ class Executor:
                  kv_dtype=None, record_top2: bool = False, mesh=None, overlap: bool = True,
                  numerics: str = "fast"):
         self.config = scheduler_config
-        self.numerics = numerics
         self.record_top2 = record_top2
         self.policy = policy_lib.resolve(spec, max_batch_size=scheduler_config.max_batch_size,
                                          enhancer=enhancer)
@@ -222,7 +173,7 @@ class Executor:
         self.scheduler = scheduler_lib.Scheduler(scheduler_config, max_draft_len=max_k)
         # Every page table is as wide as the longest sequence allowed: one width per compiled
         # bucket. Attention reads only up to each row's length, whatever the width.
-        self.table_cols = scheduler_config.pages_per_seq(max_k)
+        table_cols = scheduler_config.pages_per_seq(max_k)
         # With a mesh, every bucket splits evenly over the data shards.
         self.batch_buckets = tuple(sorted({-(-b // data) * data for b in schedule_lib.batch_buckets(
             scheduler_config.max_batch_size, self.policy.draft_len_schedule,
@@ -237,7 +188,7 @@ class Executor:
             self.planner = widths_lib.WidthPlanner(
                 max_draft_len=max_k, start_draft_len=self.policy.start_draft_len or max_k,
                 costs=cost_model or cost_model_lib.StepCostModel(
-                    cost_model_lib.default_path(model_key(model, self.kv_dtype))),
+                    cost_model_lib.default_path(cost_model_lib.model_key(model, self.kv_dtype))),
                 compiles=self._compiles)
         # Adaptive K rests the automata of requests whose drafts do not pay (rest.py).
         self._rests: dict[int, rest_lib.Rest] | None = (
@@ -253,19 +204,13 @@ class Executor:
                 self.mesh, sharding.KV_SPEC))()
         automata = self.slots.new_state() if self.slots else None
         self.state = self._placed(step_lib.init_state(kv, automata, draft_len=max_k))
-        # What a compiled step is specialised to besides its config and rows: the shapes,
-        # dtypes and shardings of the weights and the state (compiles.py's keys).
-        self._abstract = jax.tree.map(_abstract, (self.params, self.state))
-        leaves, treedef = jax.tree.flatten(self._abstract)
-        self._shapes = _SIGNATURES.setdefault(
-            (treedef, self.table_cols, tuple((x.shape, x.dtype, x.sharding) for x in leaves)),
-            len(_SIGNATURES))
+        self.layout = plans.Layout(table_cols=table_cols, implementation=implementation,
+                                   mesh=self.mesh, numerics=numerics)
+        self.programs = programs_lib.StepPrograms(
+            graphdef=self.graphdef, policy=self.policy, params=self.params, state=self.state,
+            layout=self.layout, record_top2=record_top2,
+            dummy_slot=None if self.slots is None else self.slots.dummy_slot)
         self._step_compiled = False
-        self._warm_runs = (self.mesh is None and jax.default_backend() == "cpu"
-                           and sum(x.nbytes for x in jax.tree.leaves(self.state))
-                           <= WARM_RUN_MAX_BYTES)
-        self.implementation = implementation
-        self._configs: dict[tuple[int, bool, bool, bool], step_lib.StepConfig] = {}
         self._live: dict[int, requests_lib.Request] = {}
         self._unprimed: list[requests_lib.Request] = []
         self.overlap = overlap
@@ -275,7 +220,7 @@ class Executor:
         # ...except adaptive K's plain steps, while they stay plain: every automaton rests
         # (`_rests_hold`), or the drafts they find would not be verified (`_plain_holds`).
         self._adaptive_chains = self._rests is not None and self.gate is None
-        self._inflight: _InFlight | None = None
+        self._inflight: plans.InFlight | None = None
         self._ids = itertools.count()
         self.stats = stats_lib.RunStats()
 
@@ -323,30 +268,6 @@ class Executor:
     def _rows(self, tree):
         """Per-row step inputs, split over the mesh's data shards (as they are without one)."""
         return tree if self.mesh is None else sharding.place_rows(self.mesh, tree)
-
-    def _step_config(self, k: int, greedy_only: bool, chained: bool = False,
-                     bare: bool = False) -> step_lib.StepConfig:
-        """One config object per (K, greedy, chained, bare), the same as every other executor's
-        equal one (`step.canonical`): jit finds its compiled step by identity. `bare`: a plain
-        step that leaves the automata alone (every row's rests)."""
-        key = (k, greedy_only, chained, bare)
-        if key not in self._configs:
-            p = self.policy
-            automaton = p.uses_automaton and not bare
-            self._configs[key] = step_lib.canonical(step_lib.StepConfig(
-                graphdef=self.graphdef, k=k, greedy_only=greedy_only,
-                draft_source="none" if bare else p.source,
-                automaton=automaton, global_pool=p.global_pool and automaton,
-                sa_draft_len=p.max_draft_len if automaton else 0,
-                max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
-                enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
-                implementation=self.implementation, mesh=self.mesh, chained=chained,
-                tree=self._tree(k, bare)))
-        return self._configs[key]
-
-    def _tree(self, k: int, bare: bool) -> bool:
-        """Whether the step of width `k` verifies token trees (a plain one never does)."""
-        return self.policy.tree and k > 0 and not bare
 
     # ------------------------------------------------------------------ requests
 
@@ -492,7 +413,7 @@ class Executor:
         fits = (self.config.max_num_tokens - prefill_tokens) // num_requests - 1
         return max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
 
-    def _plan(self, batch: scheduler_lib.ScheduledBatch, cap: int) -> _Plan:
+    def _plan(self, batch: scheduler_lib.ScheduledBatch, cap: int) -> plans.Plan:
         start = time.perf_counter()
         reqs = batch.decode
         rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
@@ -536,10 +457,10 @@ class Executor:
         decide_seconds = time.perf_counter() - decide_start
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
-        return _Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
+        return plans.Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
                      matches=matches, slots=slots, start=start,
                      draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds,
-                     bare=bare, parents=parents[:, :k] if self._tree(k, bare) else None)
+                     bare=bare, parents=parents[:, :k] if self.programs.tree(k, bare) else None)
 
     def _drafts(self, reqs, rows: int, k: int):
         """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
@@ -592,8 +513,7 @@ class Executor:
     def _program(self, k: int, reqs, rows: int, chained: bool = False, bare: bool = False):
         """(the compile ledger's key, a function compiling it) of the step that runs `reqs` at
         width `k` on `rows` rows."""
-        cfg = self._step_config(k, all(r.params.greedy for r in reqs), chained, bare)
-        return (cfg, rows, self._shapes), functools.partial(self._compile, cfg, rows)
+        return self.programs.program(k, all(r.params.greedy for r in reqs), rows, chained, bare)
 
     def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
         gate = self._request_gates.get(request.request_id)
@@ -611,32 +531,10 @@ class Executor:
             rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
             slots = self.slots.slots([r.request_id for r in reqs] + [None] * (rows - len(reqs)))
             self.state, lens, matches = step_lib.prime_drafts(self.state, self._rows(slots),
-                                                              cfg=self._step_config(0, True))
+                                                              cfg=self.programs.config(0, True))
             lens, matches = sharding.to_host((lens, matches))
             for r, n, m in zip(reqs, lens, matches, strict=False):
                 r.next_draft_len, r.next_match_len = int(n), int(m)
-
-    def _sampling_arrays(self, reqs, rows: int) -> sampling.SamplingArrays:
-        pad = rows - len(reqs)
-        p = [r.params for r in reqs]
-        return sampling.SamplingArrays(
-            temperature=np.asarray([x.temperature for x in p] + [0.0] * pad, np.float32),
-            top_k=np.asarray([x.top_k for x in p] + [0] * pad, np.int32),
-            top_p=np.asarray([x.top_p for x in p] + [1.0] * pad, np.float32),
-            seed=np.asarray([x.seed for x in p] + [0] * pad, np.int32))
-
-    def _view(self, reqs, rows: int, lengths, num_new) -> kv_cache.CacheView:
-        """Rows' page tables (`table_cols` wide), lengths and valid new tokens; padding rows
-        after the requests."""
-        table = np.zeros((rows, self.table_cols), np.int32)
-        for i, r in enumerate(reqs):
-            table[i] = r.pages.table_row(self.table_cols)
-        pad = rows - len(reqs)
-        return kv_cache.CacheView(page_table=table,
-                                  lengths=np.asarray(list(lengths) + [0] * pad, np.int32),
-                                  num_new=np.asarray(list(num_new) + [0] * pad, np.int32),
-                                  implementation=self.implementation, mesh=self.mesh,
-                                  numerics=self.numerics)
 
     def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first
@@ -648,10 +546,12 @@ class Executor:
         for i, c in enumerate(chunks):
             tokens[i, :c.length] = c.request.prompt[c.start:c.start + c.length]
         reqs = [c.request for c in chunks]
-        view = self._view(reqs, rows, [c.start for c in chunks], [c.length for c in chunks])
+        view = plans.view(self.layout, reqs, rows, [c.start for c in chunks],
+                          [c.length for c in chunks])
         self.state, first, top2 = step_lib.prefill(
-            self.params, self.state, *self._rows((tokens, view, self._sampling_arrays(reqs, rows))),
-            cfg=self._step_config(0, all(r.params.greedy for r in reqs)))
+            self.params, self.state,
+            *self._rows((tokens, view, plans.sampling_arrays(reqs, rows))),
+            cfg=self.programs.config(0, all(r.params.greedy for r in reqs)))
         first, top2 = sharding.to_host((first, top2))
         events = []
         for i, c in enumerate(chunks):
@@ -675,47 +575,12 @@ class Executor:
         self.stats.prefill_time += time.perf_counter() - start
         return events
 
-    def _inputs(self, plan: _Plan, previous=None) -> step_lib.StepInputs:
-        """The plan's step inputs (numpy); `previous` as in `_dispatch`."""
-        reqs, pad = plan.requests, plan.rows - len(plan.requests)
-        view = self._view(reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs))
-        last = [0] * len(reqs) if previous is not None else [r.output[-1] for r in reqs]
-        return step_lib.StepInputs(
-            last_tokens=np.asarray(last + [0] * pad, np.int32),
-            drafts=plan.drafts, draft_lens=plan.draft_lens, view=view,
-            sampling=self._sampling_arrays(reqs, plan.rows), slots=plan.slots,
-            previous=previous, parents=plan.parents)
-
-    def _compile(self, cfg: step_lib.StepConfig, rows: int):
-        """The step of `cfg` on `rows` rows, compiled ahead of time from the shapes alone (safe
-        beside decoding: it reads no array). On a mesh, the jitted step itself: it compiles at
-        its first call."""
-        if self.mesh is not None:
-            return functools.partial(step_lib.step, cfg=cfg)
-        zeros = np.zeros((rows,), np.int32)
-        plan = _Plan(requests=[], rows=rows, k=cfg.k, drafts=np.zeros((rows, cfg.k), np.int32),
-                     draft_lens=zeros, matches=zeros, slots=zeros, start=0.0, draft_seconds=0.0,
-                     decide_seconds=0.0,
-                     parents=np.zeros((rows, cfg.k), np.int32) if cfg.tree else None)
-        previous = (np.zeros((rows, 1 + cfg.k), np.int32), zeros) if cfg.chained else None
-        if self.slots is not None:
-            plan.slots = np.full((rows,), self.slots.dummy_slot, np.int32)
-        inputs = self._inputs(plan, previous)
-        params, state = self._abstract
-        program = step_lib.step.lower(params, state, jax.tree.map(_abstract, inputs),
-                                      cfg=cfg).compile()
-        if self._warm_runs:
-            # XLA:CPU finishes a program's code at its first call (compiles.py): made here, on
-            # a scratch state of zeros (an empty cache and empty automata) and padding rows.
-            scratch = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), state)
-            jax.block_until_ready(program(self.params, scratch, inputs))
-        return program
-
-    def _dispatch(self, plan: _Plan, previous: step_lib.StepOutputs | None = None) -> _InFlight:
+    def _dispatch(self, plan: plans.Plan,
+                  previous: step_lib.StepOutputs | None = None) -> plans.InFlight:
         """Starts the plan's step on the device; `previous`: the unread outputs of the step
         before it (same rows), which give it its last tokens and lengths (a chained step)."""
-        inputs = self._inputs(plan, None if previous is None else (previous.new_tokens,
-                                                                   previous.num_new_tokens))
+        inputs = plans.step_inputs(self.layout, plan, None if previous is None else (
+            previous.new_tokens, previous.num_new_tokens))
         key, build = self._program(plan.k, plan.requests, plan.rows, chained=previous is not None,
                                    bare=plan.bare)
         start = time.perf_counter()
@@ -726,9 +591,9 @@ class Executor:
         compiled |= self.compiles.first_call(key)
         self._step_compiled |= compiled
         self.state, out = program(self.params, self.state, self._rows(inputs))
-        return _InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled)
+        return plans.InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled)
 
-    def _read(self, step: _InFlight) -> tuple[list[TokenEvent], float]:
+    def _read(self, step: plans.InFlight) -> tuple[list[TokenEvent], float]:
         """Steps 7-8 of a dispatched step: reads its outputs (one transfer), commits them and
         feeds the gate. Returns the events and when the outputs arrived."""
         out = sharding.to_host(step.out)
@@ -783,12 +648,12 @@ class Executor:
                 and n * (1 + min(placeholder, cap)) <= self.config.max_num_tokens
                 and self._bucket_k(step.plan.rows, n, 0, cap) == k)
 
-    def _allowed_k(self, plan: _Plan) -> int:
+    def _allowed_k(self, plan: plans.Plan) -> int:
         """The widest step the plan's batch may run now, with no prompt chunk beside it."""
         n = len(plan.requests)
         return self._bucket_k(plan.rows, n, 0, self._batch_gate(self._draft_len(n)))
 
-    def _plain_holds(self, plan: _Plan) -> bool:
+    def _plain_holds(self, plan: plans.Plan) -> bool:
         """Whether adaptive K may chain a plain step of awake automata with another: asked as
         for a new step (it may ask for compiles), the planner would not verify the drafts the
         last read step left; no request is in its start steps, resting or due to rest; and the
@@ -814,7 +679,7 @@ class Executor:
         self.compiles.request(key, build)
         return self.compiles.ready(key)
 
-    def _rests_hold(self, plan: _Plan) -> bool:
+    def _rests_hold(self, plan: plans.Plan) -> bool:
         """Whether adaptive K may chain a bare step (every request resting) with another: its
         plan needs nothing the step in flight returns while every rest lasts beyond the next
         step, once that program is compiled (asked for in the background otherwise)."""
@@ -850,7 +715,7 @@ class Executor:
         plan.start = arrived
         return events
 
-    def _commit(self, plan: _Plan, out: step_lib.StepOutputs):
+    def _commit(self, plan: plans.Plan, out: step_lib.StepOutputs):
         """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
         reqs = plan.requests
         if self.slots is not None:

@@ -152,11 +152,11 @@ def test_step_costs_are_kept_apart_per_dtype(tiny_lm):
     from jaxspec.models import precision
 
     half = precision.cast(tiny_lm, "bfloat16")
-    keys = {executor_lib.model_key(tiny_lm), executor_lib.model_key(half),
-            executor_lib.model_key(tiny_lm, "bfloat16")}
+    keys = {cost_model_lib.model_key(tiny_lm), cost_model_lib.model_key(half),
+            cost_model_lib.model_key(tiny_lm, "bfloat16")}
     assert len(keys) == 3
-    assert executor_lib.model_key(tiny_lm).endswith("-float32")
-    assert executor_lib.model_key(tiny_lm, "float32") == executor_lib.model_key(tiny_lm)
+    assert cost_model_lib.model_key(tiny_lm).endswith("-float32")
+    assert cost_model_lib.model_key(tiny_lm, "float32") == cost_model_lib.model_key(tiny_lm)
 
 
 def test_executors_of_one_model_share_their_step_configs(tiny_lm):
@@ -166,11 +166,11 @@ def test_executors_of_one_model_share_their_step_configs(tiny_lm):
     a, b = (executor_lib.Executor(tiny_lm, scheduler_config=CONFIG, spec=js.SAConfig(
         max_draft_len=K)) for _ in range(2))
     assert a.graphdef is b.graphdef
-    assert a._step_config(K, True) is b._step_config(K, True)
+    assert a.programs.config(K, True) is b.programs.config(K, True)
     split = nnx.split(tiny_lm)[0]
     assert split is not a.graphdef and step_lib.canonical_graphdef(split) is a.graphdef
     own = step_lib.StepConfig(graphdef=split, k=K, draft_source="sa", automaton=True,
                               sa_draft_len=K)
     canonical = dataclasses.replace(own, graphdef=a.graphdef)
     assert hash(own) == hash(canonical) and own == canonical
-    assert a._step_config(0, True) is not a._step_config(K, True)
+    assert a.programs.config(0, True) is not a.programs.config(K, True)
