@@ -24,25 +24,16 @@ mask) is one pytree, `Executor.state`, owned here and passed through every jitte
 inputs are numpy arrays handed to the jitted calls as they are: jit moves them to the device in
 one go, cheaper than a device array per field.
 
-A finished request leaves the executor at once: its last `TokenEvent` carries it (`result`), so
-nothing piles up however the executor is driven.
+A finished request leaves the executor at once: its last `TokenEvent` (requests.py) carries it
+(`result`), so nothing piles up however the executor is driven.
 
-The overlap scheduler (TensorRT-LLM's): reading a step's outputs makes the host wait for the
-device, and planning the next step after that leaves the device idle (3.5 ms of device time per
-SmolLM2 step on an H200 became 6.7 ms that way). So while the batch does not change and its drafts
-come from the device (plain decoding; the automata at a fixed K; adaptive K's plain steps while
-the planner would not verify what the automata find, or while every automaton rests), the host
-dispatches the next step before it reads the one in flight, whose outputs give the next one its
-last tokens and lengths on the device (`_chain`), and commits the one in flight while the device
-runs the next: the host works one step behind. A request that a stop token ends has its row of
-the next step discarded; its pages and automaton slot are reused only after that step was read (a
-change of batch drains the step in flight first), and the device runs the steps in order anyway:
-every call takes the state the one before returned. Everything else runs synchronously, each step
-read in the iteration that dispatched it.
+The overlap scheduler (`overlap.py`) lets the host work one step behind the device while the
+batch does not change; everything else runs synchronously, each step read in the iteration that
+dispatched it. Steps 1, 2 and 5 live in `planning.py`, the overlap's decisions in `overlap.py`:
+both are parts of `Executor` (mixins), over its attributes.
 """
 
 from collections.abc import Sequence
-import dataclasses
 import functools
 import itertools
 import time
@@ -60,8 +51,9 @@ from jaxspec.device import step as step_lib
 from jaxspec.host import capacity
 from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
-from jaxspec.host import drafter as drafter_lib
 from jaxspec.host import gate as gate_lib
+from jaxspec.host import overlap
+from jaxspec.host import planning
 from jaxspec.host import plans
 from jaxspec.host import policy as policy_lib
 from jaxspec.host import programs as programs_lib
@@ -75,31 +67,7 @@ from jaxspec.host import widths as widths_lib
 ENTRY_POINTS = ("prefill", "prime_drafts")     # jitted in the iteration; steps: programs.py
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenEvent:
-    """Tokens a request committed in one iteration (possibly none, when it was cut short).
-
-    Attributes:
-      request_id: the request.
-      tokens: the tokens committed this iteration.
-      result: on the request's last event, the finished request (output, finish reason,
-        counters); None before.
-    """
-
-    request_id: int
-    tokens: tuple[int, ...]
-    result: requests_lib.Request | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.result.finish_reason if self.result is not None else None
-
-
-class Executor:
+class Executor(planning.StepPlanning, overlap.OverlapScheduler):
     """Continuous batching with optional speculation over one model.
 
     Args:
@@ -120,7 +88,7 @@ class Executor:
       record_top2: keep, per output token, the target's two best logits and the verify window
         it came from (`Request.top2`, `Request.windows`), for the greedy-equivalence report.
       overlap: dispatch a step before reading the one in flight when the batch does not change
-        and its drafts come from the device (module docstring); False: every step is read in
+        and its drafts come from the device (`overlap.py`); False: every step is read in
         the iteration that dispatched it. Outputs are the same either way.
       numerics: "fast" or "exact": how every forward computes its rows
         (`jaxspec.device.kv_cache.CacheView.numerics`; `Engine` resolves the default).
@@ -335,7 +303,7 @@ class Executor:
 
     # ------------------------------------------------------------------ the iteration
 
-    def step(self) -> list[TokenEvent]:
+    def step(self) -> list[requests_lib.TokenEvent]:
         """One iteration. Returns the tokens every request committed in it: with the overlap
         scheduler, those of the step dispatched one iteration before."""
         start = time.perf_counter()
@@ -391,135 +359,10 @@ class Executor:
             self.costs.save()
         return events
 
-    def _draft_len(self, num_requests: int) -> int:
-        return self.policy.draft_len_for_batch_size(max(num_requests, 1))
-
-    def _batch_gate(self, k: int) -> int:
-        """The largest K this iteration may use: 0 with speculation off (schedule, acceptance
-        gate, capacity), a probe's length while a reversible gate probes, else max_draft_len."""
-        cap = self.policy.max_draft_len
-        if self.gate is not None:
-            cap = self.gate.allowed(cap)
-        if k == 0 or cap == 0:
-            return 0
-        cfg = self.config
-        allowed = self.policy.should_use_spec_decode(
-            max(self.scheduler.num_active, 1), cfg.max_batch_size, cfg.max_num_tokens, k)
-        return cap if allowed else 0
-
-    def _bucket_k(self, rows: int, num_requests: int, prefill_tokens: int, cap: int) -> int:
-        """One K per compiled bucket, within the budget the prompt chunks left and the gate's
-        cap."""
-        fits = (self.config.max_num_tokens - prefill_tokens) // num_requests - 1
-        return max(0, min(self.policy.draft_len_for_batch_size(rows), fits, cap))
-
-    def _plan(self, batch: scheduler_lib.ScheduledBatch, cap: int) -> plans.Plan:
-        start = time.perf_counter()
-        reqs = batch.decode
-        rows = schedule_lib.bucket_for(len(reqs), self.batch_buckets)
-        k = self._bucket_k(rows, len(reqs), batch.num_tokens, cap)
-        allowed = k
-
-        def program(width, bucket):
-            return self._program(width, reqs, bucket)
-
-        if self.planner is not None:
-            rows = self.planner.rows(program, rows, self.batch_buckets)
-        if self._rests is not None:
-            self._tick_rests(reqs)
-        drafts, lens, matches, slots, parents = self._drafts(reqs, rows, k)
-        decide_start = time.perf_counter()
-        if self.planner is not None and k and lens.any():
-            k, lens = self.planner.choose(
-                program, rows, k, lens, matches, context=max(r.num_cached for r in reqs) + 1,
-                starting=any(r.steps < widths_lib.START_STEPS for r in reqs),
-                left=max(r.params.max_new_tokens - len(r.output) for r in reqs))
-        if self._request_gates is not None:
-            for i, r in enumerate(reqs):
-                lens[i] = self._request_gate(r).allowed(lens[i])
-        lens = np.minimum(lens, k)
-        if self._rests is not None and allowed:
-            for r, n in zip(reqs, lens, strict=False):
-                rest = self._rests.setdefault(r.request_id, rest_lib.Rest())
-                if not rest.resting:
-                    rest.planned(drafted=bool(n))
-        # Verifying only padding costs a wider forward for nothing.
-        bare = False
-        if not lens.any():
-            k = self.planner.plain_width(program, rows) if self.planner is not None else 0
-            drafts = parents = np.zeros((rows, k), np.int32)
-            if k == 0 and self._rests is not None and all(map(self._resting, reqs)):
-                # Resting automata are not extended: nor need the step touch them (5% of a
-                # SmolLM2 plain step on a CPU), once that program is compiled.
-                key, build = self._program(0, reqs, rows, bare=True)
-                bare = self.compiles.ready(key)
-                self.compiles.request(key, build)
-        decide_seconds = time.perf_counter() - decide_start
-        for r in reqs:
-            r.pages.ensure(r.num_cached + 1 + k)
-        return plans.Plan(requests=reqs, rows=rows, k=k, drafts=drafts[:, :k], draft_lens=lens,
-                     matches=matches, slots=slots, start=start,
-                     draft_seconds=time.perf_counter() - start, decide_seconds=decide_seconds,
-                     bare=bare, parents=parents[:, :k] if self.programs.tree(k, bare) else None)
-
-    def _drafts(self, reqs, rows: int, k: int):
-        """Every row's drafts: (host tokens i32[rows, k], real lengths i32[rows], match lengths
-        i32[rows], automaton slots i32[rows], token trees' parents i32[rows, k]). Host drafters
-        draft now; the automata drafted inside the previous step (or the priming), whose
-        outputs gave their lengths. A tree's nodes come parents first, so the first n of them
-        (a width cut to n) are a tree too."""
-        drafts = np.zeros((rows, k), np.int32)
-        lens = np.zeros((rows,), np.int32)
-        matches = np.zeros((rows,), np.int32)
-        parents = np.zeros((rows, k), np.int32)
-        n = len(reqs)
-        if k and self.policy.drafter is not None:
-            self.policy.drafter.update_draft_len(k)
-            if self.policy.tree:
-                tokens, up, found = self.policy.drafter.prepare_trees(reqs)
-                parents[:n] = drafter_lib.pad_drafts(up, k)[0]
-            else:
-                tokens, found = self.policy.drafter.prepare_drafts(reqs)
-            drafts[:n], lens[:n] = drafter_lib.pad_drafts(tokens, k)
-            if found is not None:
-                matches[:n] = found
-        slots = np.zeros((rows,), np.int32)
-        if self.slots is not None:
-            self._flush_automata()
-            # A resting request's row points at the dummy slot: nothing extended or searched.
-            ids = [None if self._resting(r) else r.request_id for r in reqs]
-            slots = self.slots.slots(ids + [None] * (rows - n))
-            automaton = np.asarray([0 if i is None else r.next_draft_len
-                                    for r, i in zip(reqs, ids, strict=True)], np.int32)
-            # The automaton's draft where it has one: all of them ("sa"), or the rows whose
-            # match reaches the enhancer's threshold (their admitted length is non-zero).
-            lens[:n] = np.where(automaton > 0, automaton, lens[:n])
-            matches[:n] = np.where(automaton > 0, [r.next_match_len for r in reqs], matches[:n])
-        return drafts, lens, matches, slots, parents
-
-    def _resting(self, request: requests_lib.Request) -> bool:
-        rest = None if self._rests is None else self._rests.get(request.request_id)
-        return rest is not None and rest.resting
-
-    def _tick_rests(self, reqs):
-        """A step of each resting request's rest; one whose rest ends gets its automaton rebuilt
-        from all of its tokens, copied and primed by the next flush."""
-        for r in reqs:
-            rest = self._rests.get(r.request_id)
-            if rest is not None and rest.resting and rest.tick():
-                self.slots.add_request(r.request_id, r.tokens)
-                self._unprimed.append(r)
-
     def _program(self, k: int, reqs, rows: int, chained: bool = False, bare: bool = False):
         """(the compile ledger's key, a function compiling it) of the step that runs `reqs` at
         width `k` on `rows` rows."""
         return self.programs.program(k, all(r.params.greedy for r in reqs), rows, chained, bare)
-
-    def _request_gate(self, request: requests_lib.Request) -> gate_lib.ReversibleGate:
-        gate = self._request_gates.get(request.request_id)
-        if gate is None:
-            gate = self._request_gates[request.request_id] = self.policy.new_gate()
-        return gate
 
     def _flush_automata(self):
         """Copies automata built since the last step to the device, and drafts for the new ones."""
@@ -536,7 +379,7 @@ class Executor:
             for r, n, m in zip(reqs, lens, matches, strict=False):
                 r.next_draft_len, r.next_match_len = int(n), int(m)
 
-    def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[TokenEvent]:
+    def _prefill(self, chunks: list[scheduler_lib.Chunk]) -> list[requests_lib.TokenEvent]:
         """Forward of the prompt chunks; a chunk that completes its prompt commits the first
         generated token and hands the prompt to the automata."""
         start = time.perf_counter()
@@ -571,7 +414,7 @@ class Executor:
             elif self.slots is not None:
                 self.slots.add_request(r.request_id, r.tokens)
                 self._unprimed.append(r)
-            events.append(TokenEvent(r.request_id, tuple(taken), result))
+            events.append(requests_lib.TokenEvent(r.request_id, tuple(taken), result))
         self.stats.prefill_time += time.perf_counter() - start
         return events
 
@@ -593,7 +436,7 @@ class Executor:
         self.state, out = program(self.params, self.state, self._rows(inputs))
         return plans.InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled)
 
-    def _read(self, step: plans.InFlight) -> tuple[list[TokenEvent], float]:
+    def _read(self, step: plans.InFlight) -> tuple[list[requests_lib.TokenEvent], float]:
         """Steps 7-8 of a dispatched step: reads its outputs (one transfer), commits them and
         feeds the gate. Returns the events and when the outputs arrived."""
         out = sharding.to_host(step.out)
@@ -609,111 +452,12 @@ class Executor:
         self._feed_gate(pairs)
         return events, arrived
 
-    def _drain(self) -> list[TokenEvent]:
+    def _drain(self) -> list[requests_lib.TokenEvent]:
         """Reads and commits the step in flight, if there is one."""
         if self._inflight is None:
             return []
         step, self._inflight = self._inflight, None
         return self._read(step)[0]
-
-    def _chains(self) -> bool:
-        """Whether the next step can be dispatched before the one in flight is read: the same
-        requests in the same rows, nothing else to schedule, drafts made on the device at an
-        unchanged K, and no request the step in flight may end by its length. A stop token
-        costs the next step's row of its request, discarded; the length limit is known ahead,
-        and a next step past it could also write KV beyond the pages reserved for the request."""
-        step = self._inflight
-        if not (self.overlap and step is not None
-                and (self._overlappable or self._adaptive_chains
-                     and (step.plan.bare or step.plan.k == 0))):
-            return False
-        reqs, k, s = step.plan.requests, step.plan.k, self.scheduler
-        if len(s.running) != len(reqs) or any(r.finished for r in reqs):
-            return False            # a request left, or one is prefilling
-        if s.waiting and len(s.running) < self.config.max_batch_size:
-            return False            # one may join (a full batch keeps the queue waiting)
-        if any(r.params.max_new_tokens - len(r.output) <= 1 + k for r in reqs):
-            return False
-        if self.policy.source == "none":
-            return True
-        if not self._overlappable:
-            return (self._rests_hold if step.plan.bare else self._plain_holds)(step.plan)
-        # The automata chain at the K their batch last had, above 0: while no row drafts, a step
-        # is planned from the last one's outputs, which say whether it found drafts. The drafts
-        # of the step in flight stand in for those it is making (the device caps the lengths).
-        n = len(reqs)
-        placeholder = self._draft_len(n)
-        cap = self._batch_gate(placeholder)
-        return (k > 0 and any(r.next_draft_len for r in reqs)
-                and n * (1 + min(placeholder, cap)) <= self.config.max_num_tokens
-                and self._bucket_k(step.plan.rows, n, 0, cap) == k)
-
-    def _allowed_k(self, plan: plans.Plan) -> int:
-        """The widest step the plan's batch may run now, with no prompt chunk beside it."""
-        n = len(plan.requests)
-        return self._bucket_k(plan.rows, n, 0, self._batch_gate(self._draft_len(n)))
-
-    def _plain_holds(self, plan: plans.Plan) -> bool:
-        """Whether adaptive K may chain a plain step of awake automata with another: asked as
-        for a new step (it may ask for compiles), the planner would not verify the drafts the
-        last read step left; no request is in its start steps, resting or due to rest; and the
-        chained program is compiled (asked for in the background otherwise). A draft that pays
-        found by the step in flight is verified one step later: the automaton keeps the match."""
-        reqs = plan.requests
-        rests = [self._rests.get(r.request_id) for r in reqs]
-        if (any(r.steps < widths_lib.START_STEPS for r in reqs)
-                or any(x is not None and (x.resting or x.due) for x in rests)):
-            return False
-        pad = [0] * (plan.rows - len(reqs))
-        lens = np.asarray([r.next_draft_len for r in reqs] + pad, np.int32)
-        allowed = self._allowed_k(plan)
-        if allowed and lens.any():
-            k, _ = self.planner.choose(
-                lambda width, bucket: self._program(width, reqs, bucket), plan.rows, allowed,
-                lens, np.asarray([r.next_match_len for r in reqs] + pad, np.int32),
-                context=max(r.num_cached for r in reqs) + 1, starting=False,
-                left=max(r.params.max_new_tokens - len(r.output) for r in reqs))
-            if k:
-                return False
-        key, build = self._program(0, reqs, plan.rows, chained=True)
-        self.compiles.request(key, build)
-        return self.compiles.ready(key)
-
-    def _rests_hold(self, plan: plans.Plan) -> bool:
-        """Whether adaptive K may chain a bare step (every request resting) with another: its
-        plan needs nothing the step in flight returns while every rest lasts beyond the next
-        step, once that program is compiled (asked for in the background otherwise)."""
-        if any(self._rests[r.request_id].left < 2 for r in plan.requests):
-            return False
-        key, build = self._program(0, plan.requests, plan.rows, chained=True, bare=True)
-        self.compiles.request(key, build)
-        return self.compiles.ready(key)
-
-    def _chain(self) -> list[TokenEvent]:
-        """Dispatches the next step of the batch in flight, then reads and commits the step in
-        flight while the device runs the next one."""
-        start = time.perf_counter()
-        step = self._inflight
-        plan = step.plan
-        if self._rests is not None:
-            self._tick_rests(plan.requests)         # none ends (`_rests_hold`)
-            if not plan.bare and self._allowed_k(plan):
-                for r in plan.requests:             # none starts a rest (`_plain_holds`)
-                    self._rests.setdefault(r.request_id, rest_lib.Rest()).planned(drafted=False)
-        for r in plan.requests:
-            # Pages for what the step in flight and the next one may write.
-            r.pages.ensure(r.num_cached + 2 * (1 + plan.k))
-        lens = np.zeros_like(plan.draft_lens)
-        lens[:len(plan.requests)] = plan.k          # capped on the device (automata: admitted)
-        plan = dataclasses.replace(plan, draft_lens=lens, matches=np.zeros_like(plan.matches),
-                                   start=start, draft_seconds=time.perf_counter() - start,
-                                   decide_seconds=0.0)
-        self._inflight = self._dispatch(plan, previous=step.out)
-        events, arrived = self._read(step)
-        # The device ran the step in flight until its outputs arrived: this one's time (stats)
-        # counts from then.
-        plan.start = arrived
-        return events
 
     def _commit(self, plan: plans.Plan, out: step_lib.StepOutputs):
         """Appends each row's committed tokens; returns (events, (accepted, drafted) per row)."""
@@ -752,7 +496,7 @@ class Executor:
             kept.append(len(taken))
             self.stats.generated_tokens += len(taken)
             result = self._finish(r, r.finish_reason) if r.finish_reason else None
-            events.append(TokenEvent(r.request_id, tuple(taken), result))
+            events.append(requests_lib.TokenEvent(r.request_id, tuple(taken), result))
         if self.planner is not None:
             self.planner.learned(plan.k, learned)
         if kept:

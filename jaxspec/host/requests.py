@@ -1,4 +1,5 @@
-"""Requests as the host sees them: sampling parameters, lifecycle state, produced tokens."""
+"""Requests as the host sees them: sampling parameters, lifecycle state, produced tokens, and
+the events that report them (`TokenEvent`)."""
 
 import dataclasses
 import enum
@@ -130,3 +131,27 @@ class Request:
                 break
         self.output.extend(taken)
         return taken
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """Tokens a request committed in one iteration (possibly none, when it was cut short).
+
+    Attributes:
+      request_id: the request.
+      tokens: the tokens committed this iteration.
+      result: on the request's last event, the finished request (output, finish reason,
+        counters); None before.
+    """
+
+    request_id: int
+    tokens: tuple[int, ...]
+    result: Request | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.result.finish_reason if self.result is not None else None
