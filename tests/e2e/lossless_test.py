@@ -112,6 +112,8 @@ SPECS = {
                          selection="frequent", min_match_len=1, enable_global_pool=True,
                          tree_budget=2 * MAX_DRAFT_LEN, **GATE),
         cost_model=random_costs(seed)),
+    # AUTO (no gate: plain steps chain while the planner would not verify the drafts).
+    "auto": lambda s, seed: dict(spec=js.AutoConfig(), cost_model=random_costs(seed)),
     "ngram_adaptive": lambda s, seed: dict(
         spec=js.NGramConfig(max_draft_len=MAX_DRAFT_LEN, max_matching_ngram_size=2,
                             draft_len_schedule=s, adaptive=True, **GATE),
@@ -212,6 +214,13 @@ def test_greedy_speculation_is_lossless(drafter, tiny_lm, reference):
     def check(arrivals, schedule, seed):
         kwargs = SPECS[drafter](schedule, seed)
         executor = engine_lib.Engine(tiny_lm, scheduler=CONFIG, **kwargs).executor
+        dispatch = executor._dispatch
+
+        def counted(plan, previous=None):
+            totals["chained plain"] += previous is not None and plan.k == 0 and not plan.bare
+            return dispatch(plan, previous)
+
+        executor._dispatch = counted
         # Adaptive K runs every width it prefers at once, not once compiled in the background.
         with compiles.LEDGER.eager():
             added, done = run_workload(executor, arrivals)
@@ -234,3 +243,5 @@ def test_greedy_speculation_is_lossless(drafter, tiny_lm, reference):
 
     check()
     assert totals["accepted"] > 0, totals
+    if drafter == "auto":
+        assert totals["chained plain"] > 0, totals
