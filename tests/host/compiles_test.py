@@ -138,3 +138,13 @@ def test_a_background_compile_switches_threads_often_and_restores_the_interval()
     ledger.wait()
     assert seen == [before, pytest.approx(compiles.SWITCH_INTERVAL_S)]
     assert sys.getswitchinterval() == before
+
+
+def test_get_compiles_a_queued_program_itself_instead_of_waiting_behind_the_queue():
+    ledger, blocker, threads = compiles.CompileLedger(), Gate("k1"), []
+    ledger.request("k1", blocker)                    # under way: the worker is busy with it
+    ledger.request("k2", lambda: threads.append("worker") or "from the queue")
+    assert ledger.get("k2", lambda: threads.append("caller") or "k2") == "k2"
+    blocker.release.set()
+    ledger.wait()
+    assert threads == ["caller"] and ledger.ready("k1") and ledger.get("k2", None) == "k2"
