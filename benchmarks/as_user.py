@@ -4,11 +4,13 @@
     python -m benchmarks.as_user --workloads code_editing --n 2 --repeats 1 --json
     python -m benchmarks.as_user --eager        # the old protocol: every width compiled first
 
-Procedure: the step-cost cache starts empty (`JAXSPEC_COST_CACHE` points at a new folder unless
-`--cost-cache` names one), as on a new install. Each method serves one request untimed (the first
-prompt of the first workload: a process's first request, which compiles its programs); then, per
-prompt and round, every method in turn serves the prompt through a new `Engine` with its defaults
-(scheduler, persistent compile cache) at batch 1, as a script calling `Engine(...).generate` would.
+Procedure: the step-cost cache and the persistent compilation cache start empty (new folders
+unless `--cost-cache` and `--compile-cache` name others), as in the first process after an
+install: every program the control plane asks for is compiled, none loaded. Each method serves
+one request untimed (the first prompt of the first workload: a process's first request, which
+compiles its programs); then, per prompt and round, every method in turn serves the prompt
+through a new `Engine` with its defaults (scheduler, persistent compile cache) at batch 1, as a
+script calling `Engine(...).generate` would.
 Nothing is compiled ahead: what the control plane asks for compiles in the background while
 requests run (`jaxspec.host.compiles`); `--eager` compiles every program asked for at once inside
 the untimed request instead (the harness's old warm-up), and is reported as such.
@@ -153,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="compile every program asked for at once in the untimed request")
     parser.add_argument("--cost-cache", default=None,
                         help="the step-cost cache folder (default: a new, empty one)")
+    parser.add_argument("--compile-cache", default=None,
+                        help="the persistent compilation cache folder (default: a new, empty "
+                             "one)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", action="store_true",
                         help="update the as_user section of BENCHMARKS.md")
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad arguments: unknown methods {unknown} or a count below 1", file=sys.stderr)
         return 2
     os.environ["JAXSPEC_COST_CACHE"] = args.cost_cache or tempfile.mkdtemp(prefix="jaxspec-cost-")
+    compiles.enable_persistent_cache(args.compile_cache
+                                     or tempfile.mkdtemp(prefix="jaxspec-xla-"))
     from jaxspec import models
 
     model, tokenizer = models.load(None)
