@@ -5,12 +5,14 @@ a program that is ready, and decides what to compile next (compiles.py: in the b
 rules, each for a failure seen when AUTO ran as users run it (a fresh engine per request):
 
 - Start: a request's first `START_STEPS` verify steps run the policy's start width (AUTO: the K
-  `suggest_spec_config` gives, 5 at small batches), not whatever the priors favour. With priors
-  alone the first widths were the shortest, and a width never verified is never learned.
+  `suggest_spec_config` gives, 5 at small batches), not whatever the priors favour, unless growth
+  asks for more. With priors alone the first widths were the shortest, and a width never
+  verified is never learned.
 - Grow: when the drafts of the last width were (nearly) all accepted, the next step runs at least
   twice that width (geometric growth while acceptance holds, as a TensorRT-LLM user would raise a
-  fixed K). The floor drops as soon as a full-width draft is cut short. Without it, AUTO verified
-  1-2 tokens a step where 98% of them were accepted.
+  fixed K), from the first step on. The floor drops as soon as a full-width draft is cut short.
+  Without it, AUTO verified 1-2 tokens a step where 98% of them were accepted; without it in the
+  start steps, a reply copied 12 tokens a step at 5 for its first two.
 - Ready: a width (or rows bucket) that is not compiled is asked for and compiled in the
   background; until then the best ready one runs. Only an iteration with nothing ready at all
   compiles in place. A width is asked for only when it is expected to beat the best ready one
@@ -51,16 +53,18 @@ class WidthPlanner:
       start_draft_len: the width of a request's first steps.
       costs: the step-cost model.
       compiles: the process's compiled programs.
+      predictor: the acceptance predictor (default: a new one, priors only).
 
     Each decision takes `program`, `(k, rows) -> (key, build)`: the ledger's key of the step at
     width `k` on `rows` rows for the batch being planned, and a function compiling it.
     """
 
     def __init__(self, *, max_draft_len: int, start_draft_len: int,
-                 costs: cost_model_lib.StepCostModel, compiles: compiles_lib.CompileLedger):
+                 costs: cost_model_lib.StepCostModel, compiles: compiles_lib.CompileLedger,
+                 predictor: acceptance.AcceptancePredictor | None = None):
         self.start = min(start_draft_len, max_draft_len)
         self.widths = tuple(sorted(set(adaptive.widths_up_to(max_draft_len)) | {self.start}))
-        self.predictor = acceptance.AcceptancePredictor(max_positions=max_draft_len)
+        self.predictor = predictor or acceptance.AcceptancePredictor(max_positions=max_draft_len)
         self.costs = costs
         self.compiles = compiles
         self.floor = 0
@@ -109,15 +113,15 @@ class WidthPlanner:
         widths = [w for w in self.widths if w <= k]
         ready = [w for w in widths if self._ready(program, w, rows)]
         drafted = list(zip(matches, lens, strict=True))
-        if starting:
-            want = max(w for w in widths if w <= self.start)
-            return self._run(program, rows, want, ready, lens)
+        # Growth: every row verified at the best width at the floor or above, whatever the
+        # estimates say (the last step said more than they do), the start steps included.
+        floor = min(self.floor, max(w for w in widths if w <= max(int(lens.max()), 1)))
+        grow = floor and left > 1 + floor and not (starting and floor <= self.start)
+        if starting and not grow:
+            return self._start(program, rows, widths, ready, lens)
         seconds = self.costs.costs(rows, context, widths)
         curves = [self.predictor.expected_accepted(int(m), int(d)) for m, d in drafted]
-        # Growth: every row verified at the best width at the floor or above, whatever the
-        # estimates say (the last step said more than they do).
-        floor = min(self.floor, max(w for w in widths if w <= max(int(lens.max()), 1)))
-        if floor and left > 1 + floor:
+        if grow:
             up = [i for i, w in enumerate(widths) if w >= floor]
             grown = adaptive.choose([widths[i] for i in up], seconds[up], curves, lens).k
             if grown not in ready and ready:
@@ -125,6 +129,8 @@ class WidthPlanner:
                 grown = max((widths[i] for i in up if widths[i] in ready), default=0)
             if grown:
                 return grown, np.minimum(lens, grown).astype(np.int32)
+            if starting:
+                return self._start(program, rows, widths, ready, lens)
         choice = adaptive.choose(widths, seconds, curves, lens)
         runnable = [i for i, w in enumerate(widths) if w == 0 or w in ready]
         if choice.k and choice.k not in ready:
@@ -152,6 +158,9 @@ class WidthPlanner:
                     return 0, np.zeros_like(lens)
                 self._ask(program, 0, rows)
         return held.k, held.lens
+
+    def _start(self, program, rows: int, widths, ready, lens):
+        return self._run(program, rows, max(w for w in widths if w <= self.start), ready, lens)
 
     def _run(self, program, rows: int, want: int, ready, lens):
         """`want` if it is ready (or nothing is); else it is asked for and the widest ready width

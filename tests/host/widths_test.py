@@ -44,6 +44,17 @@ def test_a_request_starts_at_the_start_width():
     assert k == 5 and lens.tolist() == [3]
 
 
+def test_start_steps_grow_past_the_start_width_after_full_acceptance():
+    p = planner(ready=(0, 2, 5, 8, 12, 16), costs=timed(slope=0.5))
+    p.learned(5, [(8, 5, 4)])
+    assert choose(p, [16], starting=True)[0] == 5          # not all accepted: the start width
+    p.learned(2, [(8, 2, 2)])
+    assert choose(p, [16], starting=True)[0] == 5          # a floor of 4 is below the start
+    p.learned(5, [(8, 5, 5)])
+    assert choose(p, [16], starting=True)[0] >= 10
+    assert choose(p, [16], starting=True, left=8)[0] == 5  # too few tokens left to grow into
+
+
 def test_a_start_width_not_compiled_is_asked_for_and_the_widest_ready_one_below_runs():
     p = planner(ready=(0, 2, 8))
     k, _ = choose(p, [16], starting=True)
@@ -163,6 +174,6 @@ def test_a_run_where_every_draft_is_accepted_reaches_the_largest_width_within_20
         k, lens = choose(p, [16], [2], starting=step < widths_lib.START_STEPS)
         history.append(k)
         p.learned(k, [(2, int(lens[0]), int(lens[0]))])
-    assert history[:widths_lib.START_STEPS] == [5] * widths_lib.START_STEPS
+    assert history[0] == 5 and history[1] >= widths_lib.GROWTH * 5, history
     assert 16 in history, history
     assert history[history.index(16):] == [16] * (20 - history.index(16))
