@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxspec.device import kv_cache
+from jaxspec.host import acceptance
 from jaxspec.host import compiles
 from jaxspec.models import registry
 from jaxspec.models import tiny
@@ -51,10 +52,11 @@ def _cost_models_stay_in_the_session(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def _compiled_code_leaves_with_its_module():
     """Each test file's executables are freed when it ends: a worker process then holds one
-    file's compiled code, not the whole suite's."""
+    file's compiled code, not the whole suite's; what its predictors learned goes too."""
     yield
     jax.clear_caches()
     compiles.LEDGER.forget_programs()
+    acceptance.forget()
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,18 @@ draft does not pay for its step is never verified, so its real acceptance is nev
 n-gram drafts on code editing: prior 0.45, measured 0.55 with runs of 4 tokens, never drafted once
 the step costs were known). With it, an unproven bucket is verified a few times and then judged on
 what it did.
+
+A process remembers (`carried`): every predictor of one model and drafter also teaches the
+process's, and a new one starts from what the process's learned, scaled down to at most `CARRY`
+observations per bucket. An executor already pools every request it serves; a fresh engine per
+request (as a script calling `Engine(...).generate` runs) otherwise relearned from the priors in
+every request, its first steps judged by guesses the requests before it had corrected. The cap
+keeps the past from outweighing what a request shows of itself: a workload unlike the ones
+before it is learned in a few dozen rows.
 """
 
 import bisect
+import weakref
 
 import numpy as np
 
@@ -38,6 +47,7 @@ import numpy as np
 BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 PRIOR_MEAN = (0.08, 0.3, 0.45, 0.55, 0.62, 0.7, 0.75, 0.8, 0.85, 0.9)
 PRIOR_WEIGHT = 4.0           # pseudo-observations behind each prior mean
+CARRY = 16.0                 # observations per bucket a new predictor takes from its process's
 
 
 def match_bucket(match_len: int) -> int:
@@ -50,14 +60,24 @@ class AcceptancePredictor:
 
     Args:
       max_positions: the longest draft predicted (the largest K).
+      memory: a predictor this one starts from (at most `CARRY` observations per bucket) and
+        teaches everything it observes (`carried`).
     """
 
-    def __init__(self, max_positions: int):
+    def __init__(self, max_positions: int, *, memory: "AcceptancePredictor | None" = None):
         if max_positions < 1:
             raise ValueError(f"max_positions must be >= 1, got {max_positions}")
         shape = (len(BUCKET_EDGES), max_positions)
         self.reached = np.zeros(shape)
         self.accepted = np.zeros(shape)
+        if memory is not None:
+            if memory.max_positions != max_positions:
+                raise ValueError(f"a memory of {memory.max_positions} positions for a predictor "
+                                 f"of {max_positions}")
+            scale = CARRY / np.maximum(memory.reached[:, :1], CARRY)
+            self.reached = memory.reached * scale
+            self.accepted = memory.accepted * scale
+        self._memory = memory
 
     @property
     def max_positions(self) -> int:
@@ -106,3 +126,24 @@ class AcceptancePredictor:
         reached = min(accepted + 1, draft_len, self.max_positions)
         self.reached[m, :reached] += 1
         self.accepted[m, :min(accepted, self.max_positions)] += 1
+        if self._memory is not None:
+            self._memory.observe(match_len, draft_len, accepted)
+
+
+_PROCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> {key: predictor}
+
+
+def carried(model, drafter, max_positions: int) -> AcceptancePredictor:
+    """A new predictor for `model`'s drafts by `drafter` (a hashable name of the drafting
+    method and its settings) that starts from, and teaches, what this process learned of them
+    (the module docstring). The memory goes with the model object."""
+    memory = _PROCESS.setdefault(model, {})
+    key = (drafter, max_positions)
+    if key not in memory:
+        memory[key] = AcceptancePredictor(max_positions)
+    return AcceptancePredictor(max_positions, memory=memory[key])
+
+
+def forget() -> None:
+    """Drops what every model's predictors taught this process."""
+    _PROCESS.clear()

@@ -48,6 +48,7 @@ from jaxspec import schedule as schedule_lib
 from jaxspec.device import kv_cache
 from jaxspec.device import sharding
 from jaxspec.device import step as step_lib
+from jaxspec.host import acceptance
 from jaxspec.host import capacity
 from jaxspec.host import compiles as compiles_lib
 from jaxspec.host import cost_model as cost_model_lib
@@ -157,7 +158,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
                 max_draft_len=max_k, start_draft_len=self.policy.start_draft_len or max_k,
                 costs=cost_model or cost_model_lib.StepCostModel(
                     cost_model_lib.default_path(cost_model_lib.model_key(model, self.kv_dtype))),
-                compiles=self._compiles)
+                compiles=self._compiles,
+                predictor=acceptance.carried(model, self.policy.drafting, max_k))
         # Adaptive K rests the automata of requests whose drafts do not pay (rest.py).
         self._rests: dict[int, rest_lib.Rest] | None = (
             {} if self.policy.adaptive and self.slots is not None else None)

@@ -73,6 +73,14 @@ class SpecPolicy:
     def uses_automaton(self) -> bool:
         return self.source == "sa" or self.enhancer_threshold is not None
 
+    @property
+    def drafting(self) -> tuple:
+        """A hashable name of how drafts are made and of what their match lengths mean (the key
+        of what a process learned of their acceptance, `acceptance.carried`)."""
+        drafter = getattr(self.drafter, "config", self.drafter)
+        return (self.source, drafter, self.max_ngram_size, self.min_match_len, self.global_pool,
+                self.enhancer_threshold, self.tree)
+
     def draft_len_for_batch_size(self, batch_size: int) -> int:
         """K for a batch of `batch_size` requests (0 without speculation)."""
         if self.source == "none":

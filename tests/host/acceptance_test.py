@@ -104,3 +104,34 @@ def test_exploring_raises_position_zero_by_one_standard_deviation_that_shrinks()
     assert mean == pytest.approx(4 * prior / 7)
     assert predictor.probabilities(3, explore=True)[0] == pytest.approx(
         mean + np.sqrt(mean * (1 - mean) / 7))
+
+
+def test_a_new_predictor_starts_from_what_its_process_learned_capped():
+    model, other = object.__new__(_Model), object.__new__(_Model)
+    first = acceptance.carried(model, "sa", 4)
+    for _ in range(100):
+        first.observe(3, draft_len=4, accepted=4)
+    second = acceptance.carried(model, "sa", 4)
+    # Taught by the first: the same ratios on at most CARRY observations.
+    np.testing.assert_allclose(second.reached[2], acceptance.CARRY)
+    np.testing.assert_allclose(second.accepted[2], acceptance.CARRY)
+    carry, weight = acceptance.CARRY, acceptance.PRIOR_WEIGHT
+    assert second.probabilities(3)[0] == pytest.approx(
+        (carry + weight * acceptance.PRIOR_MEAN[2]) / (carry + weight))
+    # What a request shows of itself soon outweighs the carried past...
+    for _ in range(48):
+        second.observe(3, draft_len=4, accepted=0)
+    assert second.probabilities(3)[0] < 0.3
+    # ...and teaches the process too, whose record keeps every observation.
+    third = acceptance.carried(model, "sa", 4)
+    np.testing.assert_allclose(third.accepted[2, 0] / third.reached[2, 0], 100 / 148)
+    # Other models, drafting methods and widths start from the priors.
+    for fresh in (acceptance.carried(other, "sa", 4), acceptance.carried(model, "ngram", 4),
+                  acceptance.carried(model, "sa", 8)):
+        assert not fresh.reached.any()
+    acceptance.forget()
+    assert not acceptance.carried(model, "sa", 4).reached.any()
+
+
+class _Model:
+    """Weakly referable, hashable by identity, as an `nnx.Module` is."""
