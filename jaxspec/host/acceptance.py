@@ -34,8 +34,10 @@ process's, and a new one starts from what the process's learned, scaled down to 
 observations per bucket. An executor already pools every request it serves; a fresh engine per
 request (as a script calling `Engine(...).generate` runs) otherwise relearned from the priors in
 every request, its first steps judged by guesses the requests before it had corrected. The cap
-keeps the past from outweighing what a request shows of itself: a workload unlike the ones
-before it is learned in a few dozen rows.
+is the prior's weight, so a request corrects what it inherits as fast as it corrects a prior. At
+16 rows, an MT-bench prompt whose drafts were rarely right (1.27 tokens a step), run after three
+whose drafts were long and right, kept a mean width of 2.7 and ran at 0.83x plain (as_user, 2
+CPU cores).
 """
 
 import bisect
@@ -47,7 +49,7 @@ import numpy as np
 BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 PRIOR_MEAN = (0.08, 0.3, 0.45, 0.55, 0.62, 0.7, 0.75, 0.8, 0.85, 0.9)
 PRIOR_WEIGHT = 4.0           # pseudo-observations behind each prior mean
-CARRY = 16.0                 # observations per bucket a new predictor takes from its process's
+CARRY = PRIOR_WEIGHT         # observations per bucket a new predictor takes from its process's
 
 
 def match_bucket(match_len: int) -> int:
