@@ -229,10 +229,13 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
                 self.compiles.request(*self._program(k, (), rows, chained))
 
     def _placed(self, state: step_lib.DeviceState) -> step_lib.DeviceState:
-        """The device state on its mesh shardings (a no-op without a mesh): kept the same from
-        call to call, so no input layout ever compiles a step twice."""
+        """The device state on its mesh shardings, or committed to its device without a mesh:
+        kept the same from call to call, so no input layout ever compiles a program twice. (A
+        new engine's zeros are uncommitted and a step's outputs committed: jit compiled
+        `write_slot` and `prime_drafts` again, 1.5 s inside a CPU iteration, where a process's
+        first rest ended.)"""
         if self.mesh is None:
-            return state
+            return jax.tree.map(lambda a: jax.device_put(a, a.sharding), state)
         return sharding.place(state, sharding.state_shardings(self.mesh, state))
 
     def _rows(self, tree):

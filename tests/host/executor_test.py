@@ -6,9 +6,11 @@ executors."""
 import dataclasses
 
 from flax import nnx
+import jax
 import pytest
 
 import jaxspec as js
+from jaxspec.device import sa_state
 from jaxspec.device import step as step_lib
 from jaxspec.host import cost_model as cost_model_lib
 from jaxspec.host import executor as executor_lib
@@ -174,3 +176,22 @@ def test_executors_of_one_model_share_their_step_configs(tiny_lm):
     canonical = dataclasses.replace(own, graphdef=a.graphdef)
     assert hash(own) == hash(canonical) and own == canonical
     assert a.programs.config(0, True) is not a.programs.config(K, True)
+
+
+def test_an_automaton_rebuilt_after_steps_compiles_nothing_new(tiny_lm):
+    """A new executor's state is committed to its device, as a step's outputs are, so the
+    programs that copy an automaton in and prime it, compiled at a request's start, serve a
+    rebuild after steps (a rest's end) too: an uncommitted state compiled them again there."""
+    executor = executor_lib.Executor(tiny_lm, scheduler_config=CONFIG,
+                                     spec=js.SAConfig(max_draft_len=K))
+    assert all(a.committed for a in jax.tree.leaves(executor.state))
+    executor.add_request(random_prompts(3, [6])[0],
+                         requests_lib.SamplingParams(max_new_tokens=20), frozenset())
+    for _ in range(3):                  # the prefill, the priming with the first step, a step
+        executor.step()
+    compiled = step_lib.prime_drafts._cache_size(), sa_state.write_slot._cache_size()
+    request = next(iter(executor._live.values()))
+    executor.slots.add_request(request.request_id, request.tokens)
+    executor._unprimed.append(request)
+    executor._flush_automata()
+    assert (step_lib.prime_drafts._cache_size(), sa_state.write_slot._cache_size()) == compiled
