@@ -79,6 +79,18 @@ def test_full_acceptance_grows_the_width_geometrically_and_a_rejection_drops_the
     assert p.floor == 0
 
 
+def test_while_no_width_at_the_floor_is_compiled_the_widest_ready_one_runs():
+    p = planner(ready=(0, 2, 5), costs=timed(slope=0.5))
+    for _ in range(50):
+        p.predictor.observe(8, 2, 0)          # the estimates alone: plain
+    assert choose(p, [16])[0] == 0
+    p.learned(5, [(8, 5, 5)])
+    assert choose(p, [16])[0] == 5
+    assert p.compiles.pending((12, 1)) or p.compiles.pending((16, 1))
+    p.compiles.wait()
+    assert choose(p, [16])[0] >= 10
+
+
 def test_growth_needs_full_width_drafts_nearly_all_accepted():
     p = planner(ready=adaptive_widths())
     p.learned(4, [(8, 2, 2)])                     # a short draft says nothing of width 4
