@@ -118,22 +118,15 @@ class WidthPlanner:
         # Growth: every row verified at the best width at the floor or above, whatever the
         # estimates say (the last step said more than they do), the start steps included.
         floor = min(self.floor, max(w for w in widths if w <= max(int(lens.max()), 1)))
-        grow = floor and left > 1 + floor and not (starting and floor <= self.start)
-        if starting and not grow:
-            return self._start(program, rows, widths, ready, lens)
-        seconds = self.costs.costs(rows, context, widths)
-        curves = [self.predictor.expected_accepted(int(m), int(d)) for m, d in drafted]
-        if grow:
-            up = [i for i, w in enumerate(widths) if w >= floor]
-            grown = adaptive.choose([widths[i] for i in up], seconds[up], curves, lens).k
-            if grown not in ready and ready:
-                # Meanwhile the widest ready width runs: the estimates would verify less.
-                self._ask(program, grown, rows)
-                grown = max(ready)
+        if floor and left > 1 + floor and not (starting and floor <= self.start):
+            grown = self._grown(program, rows, widths, ready, floor, context, drafted, lens)
             if grown > (self.start if starting else 0):
                 return grown, np.minimum(lens, grown).astype(np.int32)
-            if starting:
-                return self._start(program, rows, widths, ready, lens)
+        if starting:
+            return self._run(program, rows, max(w for w in widths if w <= self.start), ready,
+                             lens)
+        seconds = self.costs.costs(rows, context, widths)
+        curves = [self.predictor.expected_accepted(int(m), int(d)) for m, d in drafted]
         choice = adaptive.choose(widths, seconds, curves, lens)
         runnable = [i for i, w in enumerate(widths) if w == 0 or w in ready]
         if choice.k and choice.k not in ready:
@@ -162,8 +155,18 @@ class WidthPlanner:
                 self._ask(program, 0, rows)
         return held.k, held.lens
 
-    def _start(self, program, rows: int, widths, ready, lens):
-        return self._run(program, rows, max(w for w in widths if w <= self.start), ready, lens)
+    def _grown(self, program, rows: int, widths, ready, floor: int, context: int, drafted,
+               lens) -> int:
+        """The best width at `floor` or above by the estimates; while it is not compiled, it is
+        asked for and the widest ready width runs (the estimates would verify less)."""
+        up = [w for w in widths if w >= floor]
+        seconds = self.costs.costs(rows, context, up)
+        curves = [self.predictor.expected_accepted(int(m), int(d)) for m, d in drafted]
+        grown = adaptive.choose(up, seconds, curves, lens).k
+        if grown not in ready and ready:
+            self._ask(program, grown, rows)
+            grown = max(ready)
+        return grown
 
     def _run(self, program, rows: int, want: int, ready, lens):
         """`want` if it is ready (or nothing is); else it is asked for and the widest ready width
