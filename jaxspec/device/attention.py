@@ -64,6 +64,25 @@ def pages_per_block(num_kv_heads: int, num_queries: int) -> int:
     return PREFILL_PAGES_PER_BLOCK
 
 
+def block_loops(table_cols: int, page_size: int, pages_per_block: int, max_len):
+    """How `cached_attention` walks a table of `table_cols` pages when its longest row holds
+    `max_len` cached tokens (traced, or a Python int): None where the table is read whole without
+    a loop (at most a tail block wide), else `(pages, tail, whole, stop)`, i.e. blocks
+    0..whole-1 of `pages` pages (every whole block below the length), then blocks
+    whole * pages // tail..stop-1 of `tail` pages (the rest, so the cost follows the length to
+    within `tail` pages without a long loop of small blocks)."""
+    tail = math.gcd(pages_per_block, TAIL_PAGES_PER_BLOCK)
+    if table_cols <= tail:
+        return None
+    # A block as wide as the whole table is a loop-invariant slice: XLA hoists its gather out of
+    # the loop and pays for it even when the loop runs no block (a plain step at 60 cached tokens
+    # in an 8-page table took 50 ms instead of 28). Such tables go by tails.
+    pages = tail if table_cols <= pages_per_block else pages_per_block
+    max_len = jnp.minimum(max_len, (table_cols + -table_cols % pages) * page_size)
+    return (pages, tail, max_len // (pages * page_size),
+            (max_len + tail * page_size - 1) // (tail * page_size))
+
+
 def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
                      lengths: jax.Array, *, layer: int, pages_per_block: int
                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -125,17 +144,12 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
 
         acc_width = d
 
-    tail = math.gcd(pages_per_block, TAIL_PAGES_PER_BLOCK)
-    if page_table.shape[1] <= pages_per_block:
-        # A block as wide as the whole table is a loop-invariant slice: XLA hoists its gather out
-        # of the loop and pays for it even when the loop runs no block (a plain step at 60
-        # cached tokens in an 8-page table took 50 ms instead of 28). Such tables go by tails.
-        pages_per_block = tail
-    # The table padded to whole blocks with the null page (masked like any slot past the length).
     page_size = k_pages.shape[2]
-    table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % pages_per_block)),
+    loops = block_loops(page_table.shape[1], page_size, pages_per_block, jnp.max(lengths))
+    pages, tail = (page_table.shape[1], 0) if loops is None else loops[:2]
+    # The table padded to whole blocks with the null page (masked like any slot past the length).
+    table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % pages)),
                     constant_values=kv_cache.NULL_PAGE)
-    max_len = jnp.minimum(jnp.max(lengths), table.shape[1] * page_size)
 
     def fold(i, carry, pages: int):
         """Folds block i of `pages` pages into the partials."""
@@ -157,17 +171,14 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
 
     carry = (jnp.zeros((b, rows, acc_width), jnp.float32),
              jnp.full((b, rows), MASK_VALUE, jnp.float32), jnp.zeros((b, rows), jnp.float32))
-    if page_table.shape[1] <= tail:
+    if loops is None:
         # A table of a tail block or less is read whole, without a loop: the two loops' fixed
         # cost (30 layers at 60 cached tokens in 9 pages: 5-6 ms) exceeds reading it (1.7-2.4).
-        acc, m, l = fold(0, carry, page_table.shape[1])
+        acc, m, l = fold(0, carry, pages)
     else:
-        # Every whole block below the longest length, then the rest in blocks of `tail` pages:
-        # the cost follows the length to within `tail` pages, without a long loop of small blocks.
-        whole = max_len // (pages_per_block * page_size)
-        carry = blocks(carry, 0, whole, pages_per_block)
-        acc, m, l = blocks(carry, whole * (pages_per_block // tail),
-                           (max_len + tail * page_size - 1) // (tail * page_size), tail)
+        _, _, whole, stop = loops
+        carry = blocks(carry, 0, whole, pages)
+        acc, m, l = blocks(carry, whole * (pages // tail), stop, tail)
     # A row without cached keys saw only masked scores, and exp(MASK - MASK) = 1 counted them.
     has_keys = (lengths > 0)[:, None]
     acc = finish(jnp.where(has_keys[..., None], acc, 0.0))

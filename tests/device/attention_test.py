@@ -242,3 +242,25 @@ def test_cached_decoding_in_bfloat16_stays_within_bfloat16_of_the_uncached_forwa
         np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
         assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.75
         length += n
+
+
+@pytest.mark.parametrize("cols", [1, 16, 17, 40, 64, 65, 100, 128, 129, 512])
+@pytest.mark.parametrize("page_size", [2, 16])
+@pytest.mark.parametrize("pages_per_block", [attention.DECODE_PAGES_PER_BLOCK,
+                                             attention.PREFILL_PAGES_PER_BLOCK])
+def test_block_loops_cover_every_length(cols, page_size, pages_per_block):
+    """Against a brute-force walk: at every length the loops fold each needed page once, in
+    blocks that never start past the length."""
+    loops = attention.block_loops(cols, page_size, pages_per_block, 0)
+    if cols <= attention.TAIL_PAGES_PER_BLOCK:
+        assert loops is None
+        return
+    for length in range(cols * page_size + 1):
+        pages, tail, whole, stop = map(int, attention.block_loops(cols, page_size,
+                                                                  pages_per_block, length))
+        first = list(range(whole * pages))
+        second = list(range(whole * pages, stop * tail))
+        needed = -(-length // page_size)
+        assert first + second == list(range(len(first) + len(second)))
+        assert needed <= len(first) + len(second) < needed + tail
+        assert whole * pages * page_size <= length
