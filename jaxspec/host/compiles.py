@@ -18,8 +18,9 @@ was compiled for (`programs.StepPrograms.program`). Call `forget_programs()` wit
 `jax.clear_caches()`.
 
 On a CPU, XLA finishes a program's machine code on its first call (0.33 s for a SmolLM2 step
-of 0.08 s, after 5.3 s of compiling): the executor makes that first call in the background too,
-on a scratch state (`programs.py`), where the state is small enough to copy.
+of 0.08 s, after 5.3 s of compiling), and a loop's body when the loop first runs: the executor
+makes that first call in the background too, on a scratch state and rows that run every loop
+(`programs.py`), where the state is small enough to copy.
 
 A compile leaves its traced program in JAX's caches: ~300k Python objects (jaxpr equations,
 variables, source info) that live as long as the process. Every full garbage collection walks

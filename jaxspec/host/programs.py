@@ -125,8 +125,7 @@ def busy(inputs: step_lib.StepInputs, k: int, page_size: int) -> step_lib.StepIn
     users run AUTO). At this length both of attention's loops run (`attention.block_loops`, for
     pages of more than one slot), and the automata and verification see real rows.
     """
-    view = inputs.view
-    rows, cols = view.page_table.shape
-    full = np.full((rows,), 1 + k, np.int32)
-    return inputs.replace(draft_lens=np.full((rows,), k, np.int32), view=view.replace(
-        lengths=np.full((rows,), cols * page_size - 1, np.int32), num_new=full))
+    rows, cols = inputs.view.page_table.shape
+    view = inputs.view.replace(lengths=np.full((rows,), cols * page_size - 1, np.int32),
+                               num_new=np.full((rows,), 1 + k, np.int32))
+    return inputs.replace(draft_lens=np.full((rows,), k, np.int32), view=view)
