@@ -146,7 +146,7 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
 
     page_size = k_pages.shape[2]
     loops = block_loops(page_table.shape[1], page_size, pages_per_block, jnp.max(lengths))
-    pages, tail = (page_table.shape[1], 0) if loops is None else loops[:2]
+    pages = page_table.shape[1] if loops is None else loops[0]
     # The table padded to whole blocks with the null page (masked like any slot past the length).
     table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % pages)),
                     constant_values=kv_cache.NULL_PAGE)
@@ -176,7 +176,7 @@ def cached_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_
         # cost (30 layers at 60 cached tokens in 9 pages: 5-6 ms) exceeds reading it (1.7-2.4).
         acc, m, l = fold(0, carry, pages)
     else:
-        _, _, whole, stop = loops
+        _, tail, whole, stop = loops
         carry = blocks(carry, 0, whole, pages)
         acc, m, l = blocks(carry, whole * (pages // tail), stop, tail)
     # A row without cached keys saw only masked scores, and exp(MASK - MASK) = 1 counted them.
