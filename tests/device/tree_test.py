@@ -6,6 +6,7 @@ against an uncached forward)."""
 from flax import nnx
 import hypothesis
 from hypothesis import strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,6 +20,10 @@ from jaxspec.device import verify
 PAGE = 4
 COLS = 8
 TOLERANCE = 2e-4
+# Jitted once per tree size: op by op, the property tests below spent 5 minutes dispatching.
+_ancestors = jax.jit(tree.ancestors)
+_accept = jax.jit(tree.accept)
+_accept_linear = jax.jit(verify.accept)
 
 
 def _path(parents, node):
@@ -45,7 +50,7 @@ def trees(draw, max_nodes=12, vocab=3):
 def test_ancestors_and_acceptance_match_brute_force(case):
     parents, drafts, draft_len, target = case
     k = len(parents)
-    mask, depth = tree.ancestors(jnp.asarray([parents], jnp.int32))
+    mask, depth = _ancestors(jnp.asarray([parents], jnp.int32))
     paths = [_path(parents, i) for i in range(k + 1)]
     want = np.zeros((k + 1, k + 1), bool)
     for i, path in enumerate(paths):
@@ -53,7 +58,7 @@ def test_ancestors_and_acceptance_match_brute_force(case):
     np.testing.assert_array_equal(mask[0], want)
     np.testing.assert_array_equal(depth[0], [len(p) - 1 for p in paths])
 
-    new_tokens, num_new, path = tree.accept(
+    new_tokens, num_new, path = _accept(
         jnp.asarray([drafts], jnp.int32), jnp.asarray([parents], jnp.int32),
         jnp.asarray([draft_len], jnp.int32), jnp.asarray([target], jnp.int32), mask, depth)
     # Oracle: every node whose path is real and follows the target; the deepest, earliest wins.
@@ -75,11 +80,11 @@ def test_a_chain_is_a_linear_draft(k, data):
     target = data.draw(st.lists(st.integers(0, 2), min_size=k + 1, max_size=k + 1))
     draft_len = data.draw(st.integers(0, k))
     parents = jnp.arange(k, dtype=jnp.int32)[None]
-    mask, depth = tree.ancestors(parents)
+    mask, depth = _ancestors(parents)
     np.testing.assert_array_equal(mask[0], np.tril(np.ones((k + 1, k + 1), bool)))
     args = jnp.asarray([drafts]), jnp.asarray([draft_len]), jnp.asarray([target])
-    new_tokens, num_new, path = tree.accept(args[0], parents, *args[1:], mask, depth)
-    want_tokens, want_num = verify.accept(*args)
+    new_tokens, num_new, path = _accept(args[0], parents, *args[1:], mask, depth)
+    want_tokens, want_num = _accept_linear(*args)
     np.testing.assert_array_equal(new_tokens, want_tokens)
     np.testing.assert_array_equal(num_new, want_num)
     np.testing.assert_array_equal(path[0, :int(num_new[0])], np.arange(int(num_new[0])))
