@@ -30,13 +30,22 @@ occurrence never spans two texts, and a path ends where its text ends.
 Measured offline at K=16 against plain greedy output (8 code-editing prompts, 4 agentic, 4
 translation, 2 document QA; 192 tokens each; tokens per verify step, bonus included): first
 occurrence 5.28 / 13.80 / 3.86 / 2.36, frequent 5.24 / 15.92 / 5.94 / 2.40. `max_spec_factor` 4
-and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%.
+and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%. Choosing with
+hindsight, on code editing, the best occurrence of the longest match gives 6.32 and the best
+occurrence of any matched suffix 6.58: what any choice among these occurrences can reach (the
+copy bound's 8.39 also counts continuations no suffix of the text precedes). Counting the
+occurrence after the one the last accepted draft came from three times (a copy pointer) gave
+5.53 on code editing and 6.10 on translation, but 2.27 on document QA and 15.53 on agentic
+(frequent on the same replies: 5.22, 5.89, 2.37, 15.92): not taken.
 
 `frequent_tree` drafts a tree instead: the most probable continuations of every suffix length,
 best first, up to a node budget (SuffixDecoding's tree mode). Teacher-forced over the same replies
 a tree of N nodes commits at least what a single draft of N does (`benchmarks.draft_quality`,
 BENCHMARKS.md); `FrequentDrafter.prepare_trees` hands them to the engine's tree steps
-(`SAConfig(tree_budget=N)`, `jaxspec.device.tree`).
+(`SAConfig(tree_budget=N)`, `jaxspec.device.tree`). At 32 nodes on code editing (6.49 tokens a
+step), scores decayed by 0.95-0.7 per level of depth gave 6.43-6.02 (deep single paths pay more
+than branches), and the copy pointer above at weight 2 or 4 gave 6.58 or 6.65 but 7.21 or 6.93 on
+translation (from 7.21): neither taken.
 
 This runs on the host, beside the device automaton rather than in it: scoring needs the count of
 every continuation of a state, which the automaton's transition layout cannot enumerate, and
