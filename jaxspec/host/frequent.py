@@ -29,14 +29,14 @@ occurrence never spans two texts, and a path ends where its text ends.
 
 Measured offline at K=16 against plain greedy output (8 code-editing prompts, 4 agentic, 4
 translation, 2 document QA; 192 tokens each; tokens per verify step, bonus included): first
-occurrence 5.28 / 13.80 / 3.86 / 2.36, frequent 5.24 / 15.92 / 5.94 / 2.40. `max_spec_factor` 4
+occurrence 5.28 / 13.80 / 3.86 / 2.36, frequent 5.22 / 15.92 / 5.89 / 2.37. `max_spec_factor` 4
 and 2 lost 5-13% on code editing and translation; `min_token_prob` 0.3 lost 3%. Choosing with
 hindsight, on code editing, the best occurrence of the longest match gives 6.32 and the best
 occurrence of any matched suffix 6.58: what any choice among these occurrences can reach (the
 copy bound's 8.39 also counts continuations no suffix of the text precedes). Counting the
 occurrence after the one the last accepted draft came from three times (a copy pointer) gave
-5.53 on code editing and 6.10 on translation, but 2.27 on document QA and 15.53 on agentic
-(frequent on the same replies: 5.22, 5.89, 2.37, 15.92): not taken.
+5.53 on code editing and 6.10 on translation, but 2.27 on document QA and 15.53 on agentic: not
+taken.
 
 `frequent_tree` drafts a tree instead: the most probable continuations of every suffix length,
 best first, up to a node budget (SuffixDecoding's tree mode). Teacher-forced over the same replies
