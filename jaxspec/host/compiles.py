@@ -187,8 +187,11 @@ class CompileLedger:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def forget_programs(self) -> None:
-        """Nothing is compiled any more (after `jax.clear_caches()`); the price stays."""
-        self.wait()
+        """Nothing is compiled any more (after `jax.clear_caches()`); the price stays. Queued
+        background compiles are dropped, not run: their programs would be forgotten too."""
+        with self._lock:
+            running = [f for f in self._pending.values() if not f.cancel()]
+        concurrent.futures.wait(running)
         with self._lock:
             self._programs.clear()
             self._pending.clear()

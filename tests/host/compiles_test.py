@@ -89,6 +89,18 @@ def test_first_call_is_true_once_per_program_until_forgotten():
     assert not ledger.ready("k4") and ledger.first_call("k4")
 
 
+def test_forgetting_drops_queued_compiles_and_waits_for_the_one_under_way():
+    ledger, under_way, queued = compiles.CompileLedger(), Gate("k4"), Gate("k8")
+    ledger.request("k4", under_way)
+    ledger.request("k8", queued)
+    while not under_way.calls:          # the worker has taken k4
+        time.sleep(0.01)
+    threading.Timer(0.2, under_way.release.set).start()
+    ledger.forget_programs()
+    assert under_way.calls == 1 and queued.calls == 0
+    assert not ledger.pending("k8") and not ledger.ready("k4") and not ledger.ready("k8")
+
+
 def _cache_dir_after(code: str, env: dict) -> str:
     script = ("import jax\nfrom jaxspec.host import compiles\n" + code
               + "\nprint(jax.config.jax_compilation_cache_dir)")
