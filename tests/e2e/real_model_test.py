@@ -20,9 +20,12 @@ pytestmark = pytest.mark.slow
 MAX_NEW = 32
 SEQ = 640
 # One engine per method, batch capacity 4: "batch 1" runs each prompt alone through it, so both
-# batch sizes share the compiled buckets (rows 1, 2, 4).
+# batch sizes share the compiled buckets. Two row buckets (1, 4) and one chunk width (512): every
+# bucket is a SmolLM2 compile of ~10 s on a CPU, and these tests are about the tokens, not about
+# padding less (the tiny model's tests cover the buckets).
 CONFIG = scheduler_lib.SchedulerConfig(max_batch_size=4, max_seq_len=SEQ, max_num_tokens=1024,
-                                       prefill_chunk=512)
+                                       prefill_chunk=512, batch_buckets=(1, 4),
+                                       prefill_buckets=(512,))
 
 
 @pytest.fixture(scope="module")
