@@ -14,8 +14,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 @pytest.fixture
 def fresh_ledger(monkeypatch):
     """The compile ledger of a fresh process, which is where a reader runs the example: nothing
-    compiled, and no background compile of an earlier test's programs still running."""
-    monkeypatch.setattr(compiles, "LEDGER", compiles.CompileLedger())
+    compiled, and no background compile of an earlier test's programs still running. Its queued
+    compiles are dropped at the end: they would run on beside the next test (~40 s of the
+    README example's widths)."""
+    ledger = compiles.CompileLedger()
+    monkeypatch.setattr(compiles, "LEDGER", ledger)
+    yield
+    ledger.forget_programs()
 
 
 @pytest.mark.slow
