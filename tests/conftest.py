@@ -28,13 +28,16 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 # XLA's persistent compilation cache (build/xla-cache, ~25 MB a run, least recently used entries
 # evicted past 512 MB): a rerun compiles only what changed, which takes `make test-fast` here from
-# ~8.5 minutes on a fresh checkout to ~2.5. JAXSPEC_TEST_XLA_CACHE='' turns it off.
+# ~8.5 minutes on a fresh checkout to ~2.5. JAXSPEC_TEST_XLA_CACHE='' turns it off, the engine's
+# default cache (~/.cache/jaxspec/xla) included: every program is then compiled.
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _XLA_CACHE = os.environ.get("JAXSPEC_TEST_XLA_CACHE", str(ROOT / "build" / "xla-cache"))
 if _XLA_CACHE:
     jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_max_size", 512 * 2**20)
+else:
+    jax.config.update("jax_enable_compilation_cache", False)
 
 PAGE_SIZE = 16
 
