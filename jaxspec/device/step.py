@@ -79,9 +79,6 @@ class StepConfig:
         elsewhere); attention's is the cache view's.
       mesh: the device mesh the state and batch are sharded over (`jaxspec.device.sharding`),
         or None; outputs come back replicated and the state keeps its shardings.
-      chained: the step follows one whose outputs the host has not read yet
-        (`StepInputs.previous`): each row's last token and cached length come from those
-        outputs, on the device.
       tree: the host drafts are token trees (`StepInputs.parents`, `jaxspec.device.tree`):
         verified side by side, the deepest accepted path committed and its keys and values
         moved into place.
@@ -101,7 +98,6 @@ class StepConfig:
     logits: bool = False
     implementation: str | None = None
     mesh: Any = None
-    chained: bool = False
     tree: bool = False
 
     def __post_init__(self):
@@ -215,8 +211,11 @@ class StepInputs:
       sampling: per-row sampling parameters.
       slots: i32[B] each row's automaton slot (the dummy slot for padding rows); ignored without
         device automata.
-      previous: with `StepConfig.chained`, the previous step's `(new_tokens i32[B, K+1],
-        num_new_tokens i32[B])`, still on the device, the same rows in the same order; else None.
+      previous: the previous step's `(new_tokens i32[B, K+1], num_new_tokens i32[B])`, still
+        on the device, the same rows in the same order: a row that committed tokens there
+        continues from them (a chained step). Zeros leave every row as given, as None does;
+        the executor passes zeros when it has read the previous step, so that one program runs
+        both kinds of step.
       parents: with `StepConfig.tree`, i32[B, K] the input each draft continues
         (`jaxspec.device.tree`); else None.
     """
@@ -366,10 +365,12 @@ def _drafts(cfg: StepConfig, state: DeviceState, inputs: StepInputs):
 
 
 def _continued(inputs: StepInputs) -> StepInputs:
-    """A chained step's inputs: each real row continues from the previous step's bonus token
-    (its last committed token), with the length that step used plus the tokens it committed."""
+    """A chained step's inputs: each row that committed tokens in the previous step continues
+    from its bonus token (its last committed token), with the length that step used plus the
+    tokens it committed; the others keep their inputs."""
     new_tokens, num_new = inputs.previous
-    last = jnp.take_along_axis(new_tokens, (num_new - 1)[:, None], axis=1)[:, 0]
+    bonus = jnp.take_along_axis(new_tokens, jnp.maximum(num_new - 1, 0)[:, None], axis=1)[:, 0]
+    last = jnp.where(num_new > 0, bonus, inputs.last_tokens)
     view = inputs.view
     lengths = view.lengths + jnp.where(view.num_new > 0, num_new, 0)
     return inputs.replace(last_tokens=last, view=view.replace(lengths=lengths), previous=None)
@@ -382,16 +383,14 @@ def step(params, state: DeviceState, inputs: StepInputs, *, cfg: StepConfig):
     Args:
       params: the model's weights (`weights`; its NNX state works too, slower).
       state: the device state (donated).
-      inputs: the batch (with `cfg.chained`, its last tokens and lengths continue
-        `inputs.previous`).
+      inputs: the batch (its last tokens and lengths may continue `inputs.previous`).
       cfg: static configuration.
 
     Returns:
       (state, StepOutputs).
     """
     _TRACES["step"] += 1
-    assert cfg.chained == (inputs.previous is not None), "StepInputs.previous iff cfg.chained"
-    if cfg.chained:
+    if inputs.previous is not None:
         inputs = _continued(inputs)
     k = cfg.k
     drafts, draft_lens, match_len = _drafts(cfg, state, inputs)

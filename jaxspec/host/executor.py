@@ -224,9 +224,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
             widths = {0, self.policy.draft_len_for_batch_size(rows)}
             if self.planner is not None:
                 widths.add(min(self.planner.start, max(widths)))
-            chains = (False, True) if self.overlap and self._overlappable else (False,)
-            for k, chained in itertools.product(sorted(widths), chains):
-                self.compiles.request(*self._program(k, (), rows, chained))
+            for k in sorted(widths):
+                self.compiles.request(*self._program(k, (), rows))
 
     def _placed(self, state: step_lib.DeviceState) -> step_lib.DeviceState:
         """The device state on its mesh shardings, or committed to its device without a mesh:
@@ -364,10 +363,10 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
             self.costs.save()
         return events
 
-    def _program(self, k: int, reqs, rows: int, chained: bool = False, bare: bool = False):
+    def _program(self, k: int, reqs, rows: int, bare: bool = False):
         """(the compile ledger's key, a function compiling it) of the step that runs `reqs` at
         width `k` on `rows` rows."""
-        return self.programs.program(k, all(r.params.greedy for r in reqs), rows, chained, bare)
+        return self.programs.program(k, all(r.params.greedy for r in reqs), rows, bare)
 
     def _flush_automata(self):
         """Copies automata built since the last step to the device, and drafts for the new ones."""
@@ -429,8 +428,7 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
         before it (same rows), which give it its last tokens and lengths (a chained step)."""
         inputs = plans.step_inputs(self.layout, plan, None if previous is None else (
             previous.new_tokens, previous.num_new_tokens))
-        key, build = self._program(plan.k, plan.requests, plan.rows, chained=previous is not None,
-                                   bare=plan.bare)
+        key, build = self._program(plan.k, plan.requests, plan.rows, bare=plan.bare)
         start = time.perf_counter()
         compiled = not self.compiles.ready(key)
         program = self.compiles.get(key, build)
@@ -439,7 +437,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
         compiled |= self.compiles.first_call(key)
         self._step_compiled |= compiled
         self.state, out = program(self.params, self.state, self._rows(inputs))
-        return plans.InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled)
+        return plans.InFlight(plan=plan, out=out, key=key, dispatched=start, compiled=compiled,
+                              chained=previous is not None)
 
     def _read(self, step: plans.InFlight) -> tuple[list[requests_lib.TokenEvent], float]:
         """Steps 7-8 of a dispatched step: reads its outputs (one transfer), commits them and
@@ -448,7 +447,7 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
         arrived = time.perf_counter()
         # A step read right after its dispatch took the time since; a chained one, the time
         # since the step before it arrived (`_chain`): what it adds to a run of steps.
-        seconds = arrived - (step.plan.start if step.key[0].chained else step.dispatched)
+        seconds = arrived - (step.plan.start if step.chained else step.dispatched)
         if self.costs is not None and not step.compiled:
             reqs = step.plan.requests
             self.costs.observe(step.plan.rows, step.plan.k,

@@ -65,7 +65,8 @@ class OverlapScheduler:
         """Whether adaptive K may chain a plain step of awake automata with another: asked as
         for a new step (it may ask for compiles), the planner would not verify the drafts the
         last read step left; no request is in its start steps, resting or due to rest; and the
-        chained program is compiled (asked for in the background otherwise). A draft that pays
+        plain step's program, which chained steps run too, is compiled (asked for in the
+        background otherwise). A draft that pays
         found by the step in flight is verified one step later: the automaton keeps the match."""
         reqs = plan.requests
         rests = [self._rests.get(r.request_id) for r in reqs]
@@ -83,7 +84,7 @@ class OverlapScheduler:
                 left=max(r.params.max_new_tokens - len(r.output) for r in reqs))
             if k:
                 return False
-        key, build = self._program(0, reqs, plan.rows, chained=True)
+        key, build = self._program(0, reqs, plan.rows)
         self.compiles.request(key, build)
         return self.compiles.ready(key)
 
@@ -93,7 +94,7 @@ class OverlapScheduler:
         step, once that program is compiled (asked for in the background otherwise)."""
         if any(self._rests[r.request_id].left < 2 for r in plan.requests):
             return False
-        key, build = self._program(0, plan.requests, plan.rows, chained=True, bare=True)
+        key, build = self._program(0, plan.requests, plan.rows, bare=True)
         self.compiles.request(key, build)
         return self.compiles.ready(key)
 

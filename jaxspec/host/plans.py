@@ -60,6 +60,7 @@ class InFlight:
     key: tuple                 # the compile ledger's key of its program
     dispatched: float          # when its dispatch began
     compiled: bool             # the dispatch traced (compiled) the step
+    chained: bool = False      # dispatched before the step before it was read
 
 
 def sampling_arrays(reqs, rows: int) -> sampling.SamplingArrays:
@@ -88,10 +89,13 @@ def view(layout: Layout, reqs, rows: int, lengths, num_new) -> kv_cache.CacheVie
 
 def step_inputs(layout: Layout, plan: Plan, previous=None) -> step_lib.StepInputs:
     """The plan's step inputs. `previous`: (new tokens, their counts) of the step before, not
-    read yet (a chained step: they give each row its last token and length on the device)."""
+    read yet (a chained step: they give each row its last token and length on the device); None
+    passes zeros in their place, so a chained step and an unchained one run the same program."""
     reqs, pad = plan.requests, plan.rows - len(plan.requests)
     cache = view(layout, reqs, plan.rows, [r.num_cached for r in reqs], [1 + plan.k] * len(reqs))
     last = [0] * len(reqs) if previous is not None else [r.output[-1] for r in reqs]
+    if previous is None:
+        previous = (np.zeros((plan.rows, 1 + plan.k), np.int32), np.zeros((plan.rows,), np.int32))
     return step_lib.StepInputs(
         last_tokens=np.asarray(last + [0] * pad, np.int32),
         drafts=plan.drafts, draft_lens=plan.draft_lens, view=cache,

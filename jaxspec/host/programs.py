@@ -1,6 +1,6 @@
 """An executor's step programs: their configs, their keys in the compile ledger, their compiles.
 
-One `StepConfig` per (K, greedy, chained, bare), the same object as every other executor's equal
+One `StepConfig` per (K, greedy, bare), the same object as every other executor's equal
 one (`step.canonical`): jit finds a compiled step by identity. A ledger key (compiles.py) names
 the config, the rows bucket and the shapes, dtypes and shardings of the weights and the state
 the program was compiled for (a small id per such signature), so executors of one process share
@@ -61,13 +61,12 @@ class StepPrograms:
         self._warm_runs = (layout.mesh is None and jax.default_backend() == "cpu"
                            and sum(x.nbytes for x in jax.tree.leaves(state))
                            <= WARM_RUN_MAX_BYTES)
-        self._configs: dict[tuple[int, bool, bool, bool], step_lib.StepConfig] = {}
+        self._configs: dict[tuple[int, bool, bool], step_lib.StepConfig] = {}
 
-    def config(self, k: int, greedy_only: bool, chained: bool = False,
-               bare: bool = False) -> step_lib.StepConfig:
+    def config(self, k: int, greedy_only: bool, bare: bool = False) -> step_lib.StepConfig:
         """The config of the step of width `k`; `bare`: a plain step that leaves the automata
-        alone (every row rests)."""
-        key = (k, greedy_only, chained, bare)
+        alone (every row rests). A chained step runs the same program (`plans.step_inputs`)."""
+        key = (k, greedy_only, bare)
         if key not in self._configs:
             p = self.policy
             automaton = p.uses_automaton and not bare
@@ -79,18 +78,17 @@ class StepPrograms:
                 max_ngram_size=p.max_ngram_size, min_match_len=p.min_match_len,
                 enhancer_threshold=p.enhancer_threshold, top2=self.record_top2,
                 implementation=self.layout.implementation, mesh=self.layout.mesh,
-                chained=chained, tree=self.tree(k, bare)))
+                tree=self.tree(k, bare)))
         return self._configs[key]
 
     def tree(self, k: int, bare: bool) -> bool:
         """Whether the step of width `k` verifies token trees (a plain one never does)."""
         return self.policy.tree and k > 0 and not bare
 
-    def program(self, k: int, greedy_only: bool, rows: int, chained: bool = False,
-                bare: bool = False):
+    def program(self, k: int, greedy_only: bool, rows: int, bare: bool = False):
         """(the compile ledger's key, a function compiling it) of the step of width `k` on `rows`
         rows."""
-        cfg = self.config(k, greedy_only, chained, bare)
+        cfg = self.config(k, greedy_only, bare)
         return (cfg, rows, self._signature), functools.partial(self._compile, cfg, rows)
 
     def _compile(self, cfg: step_lib.StepConfig, rows: int):
@@ -104,8 +102,7 @@ class StepPrograms:
                           matches=zeros, slots=slots, start=0.0, draft_seconds=0.0,
                           decide_seconds=0.0,
                           parents=np.zeros((rows, cfg.k), np.int32) if cfg.tree else None)
-        previous = (np.zeros((rows, 1 + cfg.k), np.int32), zeros) if cfg.chained else None
-        inputs = plans.step_inputs(self.layout, plan, previous)
+        inputs = plans.step_inputs(self.layout, plan)
         params, state = self._abstract
         program = step_lib.step.lower(params, state, jax.tree.map(abstract, inputs),
                                       cfg=cfg).compile()
