@@ -472,7 +472,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
             self.slots.advance([r.request_id if s != dummy else None
                                 for r, s in zip(reqs, plan.slots, strict=False)],
                                out.num_new_tokens[:len(reqs)])
-        events, pairs, kept, learned = [], [], [], []
+        events, pairs, kept, learned, verified = [], [], [], [], {}
+        context = max(r.num_cached for r in reqs) + 1
         for i, r in enumerate(reqs):
             if r.finished:
                 # It ended after this step was dispatched (at the step before, or cancelled):
@@ -493,6 +494,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
                 r.windows.extend((r.steps, j, plan.k) for j in range(len(taken)))
             r.drafted += drafted
             r.accepted += accepted
+            if drafted:
+                verified[r.request_id] = min(n - 1, drafted)
             r.acceptance_lengths.append(len(taken))
             r.next_draft_len = int(out.next_draft_lens[i])
             r.next_match_len = int(out.next_match_len[i])
@@ -503,6 +506,8 @@ class Executor(planning.StepPlanning, overlap.OverlapScheduler):
             events.append(requests_lib.TokenEvent(r.request_id, tuple(taken), result))
         if self.planner is not None:
             self.planner.learned(plan.k, learned)
+        if self._rests is not None and verified:
+            self._judge_drafts(plan, context, verified)
         if kept:
             self.stats.record_step(plan.k, [d for _, d in pairs], [a for a, _ in pairs], kept,
                                    time.perf_counter() - plan.start, plan.draft_seconds,

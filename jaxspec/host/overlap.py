@@ -50,7 +50,8 @@ class OverlapScheduler:
         if self.policy.source == "none":
             return True
         if not self._overlappable:
-            return (self._rests_hold if step.plan.bare else self._plain_holds)(step.plan)
+            resting = all(map(self._resting, reqs))
+            return (self._rests_hold if resting else self._plain_holds)(step.plan)
         # The automata chain at the K their batch last had, above 0: while no row drafts, a step
         # is planned from the last one's outputs, which say whether it found drafts. The drafts
         # of the step in flight stand in for those it is making (the device caps the lengths).
@@ -89,14 +90,14 @@ class OverlapScheduler:
         return self.compiles.ready(key)
 
     def _rests_hold(self, plan: plans.Plan) -> bool:
-        """Whether adaptive K may chain a bare step (every request resting) with another: its
+        """Whether adaptive K may chain a plain step of a batch whose every request rests: its
         plan needs nothing the step in flight returns while every rest lasts beyond the next
-        step, once that program is compiled (asked for in the background otherwise)."""
+        step. It runs the bare program once that is compiled (asked for in the background), the
+        plain one till then: the chain does not wait for a compile."""
         if any(self._rests[r.request_id].left < 2 for r in plan.requests):
             return False
-        key, build = self._program(0, plan.requests, plan.rows, bare=True)
-        self.compiles.request(key, build)
-        return self.compiles.ready(key)
+        self.compiles.request(*self._program(0, plan.requests, plan.rows, bare=True))
+        return True
 
     def _chain(self) -> list[requests_lib.TokenEvent]:
         """Dispatches the next step of the batch in flight, then reads and commits the step in
@@ -106,7 +107,10 @@ class OverlapScheduler:
         plan = step.plan
         if self._rests is not None:
             self._tick_rests(plan.requests)         # none ends (`_rests_hold`)
-            if not plan.bare and self._allowed_k(plan):
+            if all(map(self._resting, plan.requests)):
+                key = self._program(0, plan.requests, plan.rows, bare=True)[0]
+                plan = dataclasses.replace(plan, bare=self.compiles.ready(key))
+            elif self._allowed_k(plan):
                 for r in plan.requests:             # none starts a rest (`_plain_holds`)
                     self._rests.setdefault(r.request_id, rest_lib.Rest()).planned(drafted=False)
         for r in plan.requests:

@@ -77,8 +77,8 @@ class StepPlanning:
         if self._rests is not None and allowed:
             for r, n in zip(reqs, lens, strict=False):
                 rest = self._rests.setdefault(r.request_id, rest_lib.Rest())
-                if not rest.resting:
-                    rest.planned(drafted=bool(n))
+                if not rest.resting and not n:
+                    rest.planned(drafted=False)     # a verified row is judged once read
         # Verifying only padding costs a wider forward for nothing.
         bare = False
         if not lens.any():
@@ -151,6 +151,19 @@ class StepPlanning:
         if gate is None:
             gate = self._request_gates[request.request_id] = self.policy.new_gate()
         return gate
+
+    def _judge_drafts(self, plan: plans.Plan, context: int, accepted: dict[int, int]) -> None:
+        """Each verified row's planned step for its rest, once the target verified it
+        (`accepted`: request id -> drafts the target accepted; `context`: the batch's longest
+        live context when planned): its draft paid when the target accepted as many tokens as
+        the verify step costs beyond a plain one, in plain steps (the cost model); one that
+        did not pay is an idle step (rest.py)."""
+        plain, verify = self.costs.costs(plan.rows, context, [0, plan.k])
+        price = verify / plain - 1
+        for rid, n in accepted.items():
+            rest = self._rests.get(rid)
+            if rest is not None and not rest.resting:
+                rest.planned(drafted=n >= price)
 
     def _allowed_k(self, plan: plans.Plan) -> int:
         """The widest step the plan's batch may run now, with no prompt chunk beside it."""

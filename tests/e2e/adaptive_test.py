@@ -4,6 +4,8 @@ greedy (issue 32)."""
 
 import threading
 
+import numpy as np
+
 import jaxspec as js
 from jaxspec import engine as engine_lib
 from jaxspec.device import step as step_lib
@@ -174,6 +176,74 @@ def test_a_batch_whose_automata_all_rest_steps_without_them(tiny_lm, uncached_gr
         out = engine.generate(prompt, params=params)
     assert out.token_ids == free[:cut + 1] and out.finish_reason == "stop"
     assert dispatched[-1] == (True, True)
+
+
+def test_resting_batches_chain_while_their_bare_program_compiles(tiny_lm, uncached_greedy,
+                                                                 monkeypatch):
+    """The program without the automata held back (never compiled): a batch whose automata all
+    rest chains its plain steps all the same, on the plain program, the host one step behind,
+    with the output unchanged."""
+    monkeypatch.setattr(rest_lib, "REST_AFTER", 2)
+    engine = engine_lib.Engine(tiny_lm, spec="auto", scheduler=CONFIG, cost_model=_Priced(100.0))
+    executor = engine.executor
+    executor.compiles = ledger = compiles.CompileLedger()
+    bare = {executor._program(0, (), rows, bare=True)[0] for rows in executor.batch_buckets}
+    request = ledger.request
+    monkeypatch.setattr(ledger, "request",
+                        lambda key, build: None if key in bare else request(key, build))
+    dispatched = []
+    dispatch = executor._dispatch
+
+    def spy(plan, previous=None):
+        resting = all(map(executor._resting, plan.requests))
+        dispatched.append((resting, plan.bare, previous is not None))
+        return dispatch(plan, previous)
+
+    monkeypatch.setattr(executor, "_dispatch", spy)
+    prompt = random_prompts(5, [14], alphabet_size=2)[0]
+    with ledger.eager():
+        out = engine.generate(prompt, max_new_tokens=48)
+    assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
+    assert not any(b for _, b, _ in dispatched) and not any(map(ledger.ready, bare))
+    assert (True, False, True) in dispatched, "no resting step chained"
+
+
+def test_verified_drafts_that_do_not_pay_rest_the_automaton(tiny_lm, uncached_greedy,
+                                                           monkeypatch):
+    """Every awake step verifies the drafts its automaton found (the width forced to the
+    schedule's). Priced so that no number of accepted tokens pays for a verify step, the
+    request rests after `REST_AFTER` steps, verified or not (counting verified drafts as paid,
+    it rested only after `REST_AFTER` steps without one); priced as a plain step, every draft
+    the target accepted pays and the automaton stays awake."""
+    monkeypatch.setattr(rest_lib, "REST_AFTER", 3)
+    prompt = random_prompts(5, [14], alphabet_size=2)[0]
+
+    def run(verify_cost):
+        engine = engine_lib.Engine(tiny_lm, spec="auto", scheduler=CONFIG,
+                                   cost_model=_Priced(verify_cost))
+        executor = engine.executor
+        executor.compiles = compiles.CompileLedger()
+        monkeypatch.setattr(executor.planner, "choose",
+                            lambda program, rows, k, lens, matches, **_: (k, np.minimum(lens, k)))
+        steps = []                      # (resting, verified rows) per dispatched step
+        dispatch = executor._dispatch
+
+        def spy(plan, previous=None):
+            steps.append((all(map(executor._resting, plan.requests)), int(plan.draft_lens[0])))
+            return dispatch(plan, previous)
+
+        monkeypatch.setattr(executor, "_dispatch", spy)
+        with executor.compiles.eager():
+            out = engine.generate(prompt, max_new_tokens=48)
+        assert out.token_ids == uncached_greedy(tiny_lm, prompt, 48)
+        return steps
+
+    dear = run(100.0)
+    first = next(i for i, (resting, _) in enumerate(dear) if resting)
+    assert any(n for _, n in dear[first - rest_lib.REST_AFTER:first]), dear
+    cheap = run(0.0)
+    assert sum(n > 0 for _, n in cheap) > rest_lib.REST_AFTER
+    assert not any(resting for resting, _ in cheap), cheap
 
 
 class _Priced(cost_model_lib.StepCostModel):
