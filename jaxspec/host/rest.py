@@ -18,7 +18,8 @@ plain step, in plain steps (`Executor._judge_drafts`, from the cost model: on 2 
 K = 5, 2.5 at K = 12; on a GPU, where a verify step costs about a plain one, a token). Counting
 every verified draft instead kept an MT-bench reply (as_user, prompt 3) awake for its first 85
 steps, a draft verified every 13-15 of them, most at K = 12 with 0-2 tokens accepted: AUTO ran
-at 0.70x plain there. Judged by what they paid, it rests after 18 steps: 0.97-1.05x plain.
+at 0.70x plain there. Judged by what they paid, it rests after 18 steps: 0.88x plain in
+as_user's medians, 0.97-1.05x in another run of 3 requests (plain's speed varies as much).
 
 While every request of a batch rests, and will beyond the next step, its steps are plain ones
 and chain as plain decoding does (`Executor._rests_hold`): the host dispatches the next step
