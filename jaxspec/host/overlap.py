@@ -92,12 +92,9 @@ class OverlapScheduler:
     def _rests_hold(self, plan: plans.Plan) -> bool:
         """Whether adaptive K may chain a plain step of a batch whose every request rests: its
         plan needs nothing the step in flight returns while every rest lasts beyond the next
-        step. It runs the bare program once that is compiled (asked for in the background), the
-        plain one till then: the chain does not wait for a compile."""
-        if any(self._rests[r.request_id].left < 2 for r in plan.requests):
-            return False
-        self.compiles.request(*self._program(0, plan.requests, plan.rows, bare=True))
-        return True
+        step. The chain runs the bare program once that is compiled (`_chain`), the plain one
+        till then: it does not wait for a compile."""
+        return all(self._rests[r.request_id].left >= 2 for r in plan.requests)
 
     def _chain(self) -> list[requests_lib.TokenEvent]:
         """Dispatches the next step of the batch in flight, then reads and commits the step in
@@ -108,8 +105,7 @@ class OverlapScheduler:
         if self._rests is not None:
             self._tick_rests(plan.requests)         # none ends (`_rests_hold`)
             if all(map(self._resting, plan.requests)):
-                key = self._program(0, plan.requests, plan.rows, bare=True)[0]
-                plan = dataclasses.replace(plan, bare=self.compiles.ready(key))
+                plan = dataclasses.replace(plan, bare=self._bare_ready(plan.requests, plan.rows))
             elif self._allowed_k(plan):
                 for r in plan.requests:             # none starts a rest (`_plain_holds`)
                     self._rests.setdefault(r.request_id, rest_lib.Rest()).planned(drafted=False)

@@ -85,11 +85,7 @@ class StepPlanning:
             k = self.planner.plain_width(program, rows) if self.planner is not None else 0
             drafts = parents = np.zeros((rows, k), np.int32)
             if k == 0 and self._rests is not None and all(map(self._resting, reqs)):
-                # Resting automata are not extended: nor need the step touch them (5% of a
-                # SmolLM2 plain step on a CPU), once that program is compiled.
-                key, build = self._program(0, reqs, rows, bare=True)
-                bare = self.compiles.ready(key)
-                self.compiles.request(key, build)
+                bare = self._bare_ready(reqs, rows)
         decide_seconds = time.perf_counter() - decide_start
         for r in reqs:
             r.pages.ensure(r.num_cached + 1 + k)
@@ -151,6 +147,14 @@ class StepPlanning:
         if gate is None:
             gate = self._request_gates[request.request_id] = self.policy.new_gate()
         return gate
+
+    def _bare_ready(self, reqs, rows: int) -> bool:
+        """Whether the plain step that leaves the automata alone is compiled for the batch,
+        asked for in the background otherwise. Resting automata are not extended: nor need the
+        step touch them (5% of a SmolLM2 plain step on a CPU)."""
+        key, build = self._program(0, reqs, rows, bare=True)
+        self.compiles.request(key, build)
+        return self.compiles.ready(key)
 
     def _judge_drafts(self, plan: plans.Plan, context: int, accepted: dict[int, int]) -> None:
         """Each verified row's planned step for its rest, once the target verified it
