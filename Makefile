@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install install-bench demo test test-fast bench gpu-check gpu-ship
+.PHONY: install install-bench demo test test-all test-fast bench gpu-check gpu-ship
 
 install: $(VENV)/.installed
 
@@ -28,16 +28,22 @@ demo: install
 	$(PY) -m benchmarks.workloads demo-prompt > build/demo_prompt.txt
 	$(VENV)/bin/jaxspec generate --prompt-file build/demo_prompt.txt --max-new-tokens 128
 
-# Two workers, one test file each at a time (module fixtures build once): CI has two cores.
+# Two workers, one test file each at a time (module fixtures build once): CI has two cores and
+# 30 minutes, so the tests marked `extended` (real-model runs another test already covers in
+# part) are left to `make test-all`, which every session runs before it stops.
 test: install
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not extended" tests
+
+test-all: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# The same minus the tests marked slow (the real model, long property tests): ~2.5 minutes once
+# `make test` minus the tests marked slow (the real model, long property tests): ~2.5 minutes once
 # build/xla-cache holds the compiled tests (tests/conftest.py), ~8 on a fresh checkout.
 test-fast: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not extended" tests
 
 bench: install-bench
 	$(PY) -m benchmarks.run_all

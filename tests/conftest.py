@@ -4,7 +4,9 @@ random prompts, a full uncached forward, and the uncached greedy decoding loop e
 compares against.
 
 Tests marked `slow` (the real model, long property tests, many-device and whole-report runs) run
-in `make test` and are skipped by `make test-fast`.
+in `make test` and are skipped by `make test-fast`. Tests marked `extended` (real-model and
+many-process runs that tests in `make test` partly cover) run in `make test-all` only: CI runs
+`make test` on two cores and has 30 minutes.
 """
 
 import functools

@@ -41,7 +41,7 @@ def test_readme_python_example_runs(capsys, fresh_ledger):
     assert printed.strip(), "the README example prints its outputs"
 
 
-@pytest.mark.slow
+@pytest.mark.extended      # the README's example above runs the same API on the same model
 def test_api_example_runs(capsys):
     module = runpy.run_path(str(ROOT / "examples" / "api.py"))
     out, custom, enhanced = module["main"]()

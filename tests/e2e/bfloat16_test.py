@@ -32,7 +32,7 @@ def test_cached_decoding_agrees_with_an_uncached_forward(tiny_lm, forward):
         np.testing.assert_array_equal(np.asarray(g.token_ids)[clear], logits.argmax(-1)[clear])
 
 
-@pytest.mark.slow
+@pytest.mark.extended      # the tiny model's report (tests/benchmarks/equivalence_test.py) in CI
 def test_real_model_divergences_are_numerics_ties(smollm2):
     model, tokenizer = smollm2
     # The automaton only: NGram and AUTO's bfloat16 runs are `make bench`'s equivalence sections.

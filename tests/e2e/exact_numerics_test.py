@@ -29,7 +29,7 @@ def test_the_test_can_fail_fast_mode_differs(tiny_lm):
     assert report["totals"]["not_bitwise_equal"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.extended      # the tiny model's shapes in CI (tests above)
 def test_smollm2_shapes_bitwise():
     """SmolLM2-135M's shapes (30 layers, GQA 9/3, 49k vocabulary), random weights, float32 (the
     tiny model covers bfloat16)."""
