@@ -12,7 +12,7 @@ def test_parse_meshes():
         mesh.parse_meshes("2by3")
 
 
-@pytest.mark.slow
+@pytest.mark.extended      # the meshes' tokens and bytes: tests/e2e/mesh_test.py in CI
 def test_tiny_run_prints_a_table(capsys):
     assert mesh.main(["--tiny", "--meshes", "none,1x2", "--repeats", "1",
                       "--max-new-tokens", "6"]) == 0
